@@ -1,0 +1,24 @@
+"""Lossless lookahead decoding (Fu et al., ICML 2024) for any Hugging Face causal LM.
+
+    >>> from lookahead_core import decode, LookaheadConfig, DecodeLimits
+    >>> out = decode(model, input_ids, LookaheadConfig(window=7, ngram=5, guess=7),
+    ...              DecodeLimits(max_new_tokens=128, eos_token_ids=(tokenizer.eos_token_id,)))
+    >>> out.tokens, out.stats.compression
+
+``decode(model, ids)`` with no lookahead config is the greedy baseline through the same loop.
+"""
+
+from .config import DecodeLimits, LookaheadConfig, SamplingConfig
+from .decode import DecodeOutput, DecodeState, DecodeStats, decode
+from .pool import NGramPool
+
+__all__ = [
+    "DecodeLimits",
+    "DecodeOutput",
+    "DecodeState",
+    "DecodeStats",
+    "LookaheadConfig",
+    "NGramPool",
+    "SamplingConfig",
+    "decode",
+]
