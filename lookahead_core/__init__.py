@@ -9,7 +9,7 @@
 """
 
 from .config import DecodeLimits, LookaheadConfig, SamplingConfig
-from .decode import DecodeOutput, DecodeState, DecodeStats, decode
+from .decoder import DecodeOutput, DecodeState, DecodeStats, decode
 from .pool import NGramPool
 
 __all__ = [

@@ -55,9 +55,14 @@ class DecodeStats:
 class DecodeState:
     """A conversation in progress: KV of ``cached_tokens`` and, optionally, the n-gram pool."""
 
-    cache: object
+    cache: object | None
     cached_tokens: list[int]
     pool: NGramPool | None = None
+
+    @classmethod
+    def with_pool(cls, pool: NGramPool) -> "DecodeState":
+        """A fresh conversation that starts from an existing (e.g. pre-filled) pool."""
+        return cls(cache=None, cached_tokens=[], pool=pool)
 
 
 @dataclass
@@ -189,7 +194,7 @@ def _hits_stop(tokenizer, generated: list[int], stop_strings: tuple[str, ...]) -
 def _prefill(lm: CausalLM, prompt: list[int], state: DecodeState | None,
              stats: DecodeStats) -> tuple[object, torch.Tensor]:
     """Fill the cache with the prompt (or the part not cached yet); return the last logits (V,)."""
-    if state is not None:
+    if state is not None and state.cache is not None:
         cache = state.cache
         reuse = _common_prefix(state.cached_tokens, prompt)
         reuse = min(reuse, len(prompt) - 1)             # at least one token must be fed

@@ -1,0 +1,208 @@
+"""Lookahead output is token-identical to greedy, in fp32, on tiny random models of each family."""
+
+import itertools
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from lookahead_core import DecodeLimits, DecodeState, LookaheadConfig, NGramPool, decode
+from lookahead_core.models import tiny_random_model
+
+ARCHS = ("llama", "mistral", "qwen2", "gemma3")
+NEW = 48
+# N = 2, W = 1, G = 0 and a large G are all in the grid.
+GRID = [(w, n, g) for w, n, g in itertools.product([1, 3, 6], [2, 3, 5], [0, 2, 12])]
+
+
+def repetitive_prompt(vocab: int, length: int = 24, seed: int = 0) -> list[int]:
+    """A prompt with repeats, so that the pool has something to find."""
+    gen = torch.Generator().manual_seed(seed)
+    motif = torch.randint(0, vocab, (6,), generator=gen).tolist()
+    noise = torch.randint(0, vocab, (length,), generator=gen).tolist()
+    return (motif + noise[: length // 2] + motif + noise[length // 2:])[:length]
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def arch_model(request):
+    return request.param, tiny_random_model(request.param, seed=1)
+
+
+def greedy(model, prompt, limits=DecodeLimits(max_new_tokens=NEW)):
+    return decode(model, prompt, None, limits).tokens
+
+
+def test_grid_equals_greedy(arch_model):
+    arch, model = arch_model
+    prompt = repetitive_prompt(model.config.vocab_size)
+    reference = greedy(model, prompt)
+    assert len(reference) == NEW
+    compressions = []
+    for w, n, g in GRID:
+        for pool in (False, True):
+            out = decode(model, prompt, LookaheadConfig(w, n, g, prompt_pool=pool), DecodeLimits(max_new_tokens=NEW))
+            assert out.tokens == reference, f"{arch} W={w} N={n} G={g} pool={pool}"
+            assert out.stats.steps == len(out.stats.accepted) and sum(out.stats.accepted) == NEW - 1
+            compressions.append(out.stats.compression)
+    assert max(compressions) > 1.0, "no configuration ever accepted a candidate: the test is too weak"
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_eager_attention_equals_greedy(arch):
+    model = tiny_random_model(arch, seed=2, attn_implementation="eager")
+    prompt = repetitive_prompt(model.config.vocab_size, seed=2)
+    reference = greedy(model, prompt)
+    for w, n, g in [(4, 3, 4), (2, 5, 8), (1, 2, 1)]:
+        assert decode(model, prompt, LookaheadConfig(w, n, g, prompt_pool=True),
+                      DecodeLimits(max_new_tokens=NEW)).tokens == reference
+
+
+@pytest.mark.parametrize("arch", ["mistral", "gemma3", "qwen2"])
+def test_contexts_longer_than_the_sliding_window(arch):
+    model = tiny_random_model(arch, seed=3, sliding_window=8)
+    windows = set(getattr(model.config, "layer_types", None) or ["sliding_attention"])
+    assert "sliding_attention" in windows or model.config.sliding_window == 8
+    prompt = repetitive_prompt(model.config.vocab_size, length=20, seed=3)   # prompt alone > window
+    reference = greedy(model, prompt)
+    for w, n, g in [(5, 4, 5), (3, 2, 3), (7, 5, 2)]:
+        assert decode(model, prompt, LookaheadConfig(w, n, g, prompt_pool=True),
+                      DecodeLimits(max_new_tokens=NEW)).tokens == reference
+
+
+def test_greedy_baseline_equals_transformers_generate(arch_model):
+    arch, model = arch_model
+    prompt = repetitive_prompt(model.config.vocab_size, seed=4)
+    model.generation_config.eos_token_id = None
+    expected = model.generate(torch.tensor([prompt]), max_new_tokens=NEW, do_sample=False)[0, len(prompt):]
+    assert greedy(model, prompt) == expected.tolist()
+
+
+def test_pool_only_prompt_lookup_equals_greedy(arch_model):
+    _, model = arch_model
+    prompt = repetitive_prompt(model.config.vocab_size, seed=5)
+    out = decode(model, prompt, LookaheadConfig(ngram=3, guess=4, pool_only=True), DecodeLimits(max_new_tokens=NEW))
+    assert out.tokens == greedy(model, prompt)
+    assert set(out.stats.step_tokens) <= {1 + c * 2 for c in range(5)}        # no window rows
+
+
+# --- forced acceptance -----------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def llama():
+    return tiny_random_model("llama", seed=7)
+
+
+def true_pool(prompt, continuation, ngram):
+    """A pool holding every n-gram of the greedy text: every step can accept N tokens."""
+    pool = NGramPool(ngram, capacity=64)
+    pool.add_from_sequence(prompt[-1:] + continuation)
+    return pool
+
+
+def test_all_accept_reaches_n_tokens_per_step(llama):
+    prompt = repetitive_prompt(llama.config.vocab_size, seed=8)
+    reference = greedy(llama, prompt)
+    for n in (2, 3, 5):
+        config = LookaheadConfig(ngram=n, guess=64, pool_only=True)
+        out = decode(llama, prompt, config, DecodeLimits(max_new_tokens=NEW),
+                     state=DecodeState.with_pool(true_pool(prompt, reference, n)))
+        assert out.tokens == reference
+        full_steps = (NEW - 1) // n
+        assert out.stats.accepted[:full_steps] == [n] * full_steps        # N per step, bonus included
+        assert out.stats.compression > n - 1
+
+
+def test_none_accept_has_compression_one(llama):
+    prompt = repetitive_prompt(llama.config.vocab_size, seed=9)
+    reference = greedy(llama, prompt)
+    vocab = llama.config.vocab_size
+    text = prompt + reference
+    followers = {k: {text[i + 1] for i in range(len(text) - 1) if text[i] == k} for k in range(vocab)}
+
+    class PinnedPool(NGramPool):
+        """Holds only the n-grams given up front: nothing the decoder harvests gets in."""
+
+        def add(self, gram):
+            pass
+
+    gen = torch.Generator().manual_seed(0)
+    pool = PinnedPool(ngram=4, capacity=5)
+    for key in range(vocab):
+        wrong = [t for t in range(vocab) if t not in followers[key]]
+        for _ in range(5):
+            first = wrong[int(torch.randint(len(wrong), (1,), generator=gen))]
+            NGramPool.add(pool, [key, first, *torch.randint(vocab, (2,), generator=gen).tolist()])
+    out = decode(llama, prompt, LookaheadConfig(ngram=4, guess=5, pool_only=True), DecodeLimits(max_new_tokens=NEW),
+                 state=DecodeState.with_pool(pool))
+    assert out.tokens == reference
+    assert out.stats.compression == 1.0 and max(out.stats.step_tokens) > 1     # candidates were fed, none taken
+
+
+def test_eos_and_max_tokens_inside_an_accepted_run(llama):
+    prompt = repetitive_prompt(llama.config.vocab_size, seed=10)
+    reference = greedy(llama, prompt)
+    eos_at = next(i for i in range(10, NEW) if reference[i] not in reference[:i])
+    eos = reference[eos_at]
+    config = LookaheadConfig(ngram=5, guess=64, pool_only=True)
+    stop = decode(llama, prompt, config, DecodeLimits(max_new_tokens=NEW, eos_token_ids=(eos,)),
+                  state=DecodeState.with_pool(true_pool(prompt, reference, 5)))
+    assert stop.tokens == reference[: eos_at + 1]
+    assert stop.tokens == greedy(llama, prompt, DecodeLimits(max_new_tokens=NEW, eos_token_ids=(eos,)))
+    for limit in (1, 2, 7, 23):
+        cut = decode(llama, prompt, config, DecodeLimits(max_new_tokens=limit),
+                     state=DecodeState.with_pool(true_pool(prompt, reference, 5)))
+        assert cut.tokens == reference[:limit]
+
+
+def test_stop_strings_truncate_like_greedy(llama):
+    class Spaced:
+        """A stand-in tokenizer: token t decodes to 't '."""
+
+        def decode(self, ids):
+            return "".join(f"{t} " for t in ids)
+
+    prompt = repetitive_prompt(llama.config.vocab_size, seed=11)
+    reference = greedy(llama, prompt)
+    stop = f" {reference[12]} {reference[13]} "
+    limits = DecodeLimits(max_new_tokens=NEW, stop_strings=(stop,))
+    base = decode(llama, prompt, None, limits, tokenizer=Spaced()).tokens
+    out = decode(llama, prompt, LookaheadConfig(4, 3, 4, prompt_pool=True), limits, tokenizer=Spaced()).tokens
+    assert out == base and stop in Spaced().decode(out) and len(out) <= 14
+
+
+# --- shapes of input -------------------------------------------------------------------------
+
+def test_prompt_shorter_than_the_window(llama):
+    for prompt in ([5], [5, 9]):
+        assert decode(llama, prompt, LookaheadConfig(7, 4, 7), DecodeLimits(max_new_tokens=NEW)).tokens == greedy(llama, prompt)
+
+
+def test_second_turn_reuses_the_cache_and_equals_a_fresh_decode(llama):
+    config = LookaheadConfig(4, 3, 4, prompt_pool=True)
+    limits = DecodeLimits(max_new_tokens=24)
+    turn1 = repetitive_prompt(llama.config.vocab_size, seed=12)
+    first = decode(llama, turn1, config, limits)
+    turn2 = turn1 + first.tokens + [3, 1, 4, 1, 5]
+    second = decode(llama, turn2, config, limits, state=first.state)
+    assert second.stats.prefill_tokens == 5 + 1      # the new user tokens plus the last answer token
+    assert second.tokens == greedy(llama, turn2, limits)
+    # A conversation edited in the middle only reuses the common prefix.
+    edited = turn1[:5] + [(turn1[5] + 1) % llama.config.vocab_size] + turn2[6:]
+    again = decode(llama, edited, config, limits, state=second.state)
+    assert again.stats.prefill_tokens == len(edited) - 5
+    assert again.tokens == greedy(llama, edited, limits)
+
+
+def test_same_seed_same_steps(llama):
+    prompt = repetitive_prompt(llama.config.vocab_size, seed=13)
+    runs = [decode(llama, prompt, LookaheadConfig(5, 4, 5, seed=3), DecodeLimits(max_new_tokens=NEW)).stats.accepted
+            for _ in range(2)]
+    assert runs[0] == runs[1]
+
+
+def test_unsupported_inputs_are_refused(llama):
+    with pytest.raises(ValueError, match="batch size 2"):
+        decode(llama, torch.zeros(2, 4, dtype=torch.long), None)
+    flash = SimpleNamespace(config=SimpleNamespace(_attn_implementation="flash_attention_2"))
+    with pytest.raises(ValueError, match="flash_attention_2"):
+        decode(flash, [1, 2, 3], LookaheadConfig())
