@@ -1,0 +1,240 @@
+"""Aggregate result CSVs into markdown tables and plots.
+
+    python -m experiments.report results/raw --out results/report
+
+Arguments are CSV files, directories (searched recursively) or glob patterns. Rows are grouped by
+run setup (experiment, model, device, dtype, decoding config and the settings hash that names the
+CSV); seeds of one setup pool together, so pass@k counts each seed as a sample. Speedups pair each
+decoder row with the baseline row of the same item, turn and seed, and are ratios of summed
+decoding time, so long answers weigh in proportion to their cost, as a user's wall clock does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import pandas as pd
+from matplotlib.figure import Figure
+
+from .metrics import ROUGE_TYPES, pass_at_k_report
+
+GROUP = ["experiment", "model", "device", "dtype", "config", "settings"]
+PAIR = ["item_id", "turn", "seed"]
+BOOL_COLUMNS = ["baseline", "prompt_pool", "pool_only", "matches_greedy", "passed"]
+TEXT_COLUMNS = ["experiment", "dataset", "item_id", "model", "config", "settings", "git_commit", "text"]
+PASS_KS = (1, 10, 100)
+
+SUMMARY_COLUMNS = [
+    "experiment", "model", "config", "max_new_tokens", "items", "rows", "new_tokens", "S",
+    "speedup", "speedup_median", "tok_s_base", "tok_s", "matches_greedy", "overhead",
+]  # fmt: skip
+QUALITY_COLUMNS = [
+    *ROUGE_TYPES, *(f"{kind}_base" for kind in ROUGE_TYPES),
+    *(f"pass@{k}" for k in PASS_KS), *(f"pass@{k}_base" for k in PASS_KS),
+]  # fmt: skip
+
+
+def find_csvs(paths: Iterable[str | Path]) -> list[Path]:
+    """CSV files named by ``paths``: files as given, directories recursively, globs expanded."""
+    found: list[Path] = []
+    for entry in map(str, paths):
+        if Path(entry).is_dir():
+            found += sorted(Path(entry).rglob("*.csv"))
+        elif Path(entry).is_file():
+            found.append(Path(entry))
+        else:
+            found += sorted(Path(match) for match in glob.glob(entry, recursive=True) if match.endswith(".csv"))
+    return list(dict.fromkeys(found))
+
+
+def load_results(paths: Iterable[str | Path]) -> pd.DataFrame:
+    """All rows of the CSVs under ``paths``, with booleans as pandas' nullable ``boolean``."""
+    files = find_csvs(paths)
+    if not files:
+        raise FileNotFoundError(f"no result CSVs under {list(map(str, paths))}")
+    frames = [pd.read_csv(path, dtype={column: str for column in TEXT_COLUMNS + BOOL_COLUMNS},
+                          keep_default_na=False, na_values=[""]) for path in files]
+    df = pd.concat(frames, ignore_index=True)
+    for column in BOOL_COLUMNS:
+        df[column] = df[column].map({"True": True, "False": False}).astype("boolean")
+    return df
+
+
+def summarize(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per run setup: the decoder under test against its paired baseline rows."""
+    return pd.DataFrame([_summarize_group(keys, group) for keys, group in df.groupby(GROUP, sort=True)])
+
+
+def _summarize_group(keys: tuple, group: pd.DataFrame) -> dict:
+    base = group[group["baseline"].fillna(False)]
+    cand = group[~group["baseline"].fillna(False)]
+    tested = cand if len(cand) else base        # a baseline-only run reports on the baseline itself
+    row = dict(zip(GROUP, keys, strict=True))
+    row.update(
+        decoder=tested["decoder"].iloc[0],
+        max_new_tokens=int(tested["max_new_tokens"].iloc[0]),
+        items=tested["item_id"].nunique(),
+        rows=len(tested),
+        seeds=tested["seed"].nunique(),
+        new_tokens=tested["new_tokens"].mean(),
+        S=tested["S"].mean(),
+        tok_s=tested["new_tokens"].sum() / tested["decode_s"].sum(),
+        matches_greedy=tested["matches_greedy"].astype("Float64").mean(),
+        overhead=tested["overhead_frac"].mean(),
+    )
+    row.update(_quality(tested, suffix=""))
+    if len(cand):
+        paired = cand.merge(base, on=PAIR, suffixes=("", "_base"))
+        row.update(
+            tok_s_base=paired["new_tokens_base"].sum() / paired["decode_s_base"].sum(),
+            speedup=paired["decode_s_base"].sum() / paired["decode_s"].sum(),
+            speedup_median=(paired["decode_s_base"] / paired["decode_s"]).median(),
+        )
+        row.update(_quality(base, suffix="_base"))
+    return row
+
+
+def _quality(rows: pd.DataFrame, suffix: str) -> dict:
+    quality = {f"{kind}{suffix}": rows[kind].mean() for kind in ROUGE_TYPES if rows[kind].notna().any()}
+    scored = rows[rows["passed"].notna()]
+    if len(scored):
+        samples = {item: list(group["passed"].astype(bool)) for item, group in scored.groupby("item_id")}
+        quality.update({f"{name}{suffix}": value for name, value in pass_at_k_report(samples, PASS_KS).items()})
+    return quality
+
+
+def to_markdown(table: pd.DataFrame, columns: Sequence[str] | None = None) -> str:
+    """A GitHub markdown table of the columns that exist and hold a value."""
+    if table.empty:
+        return "(no results)"
+    wanted = [c for c in (columns or table.columns) if c in table.columns and table[c].notna().any()]
+    return table[wanted].to_markdown(index=False, floatfmt=".3g")
+
+
+# ---------------------------------------------------------------------------------------------
+# Plots
+
+
+def plot_scaling(df: pd.DataFrame, out_dir: Path) -> list[Path]:
+    """S against W, one line per N, per experiment x model x decoder (the paper's scaling curve).
+
+    Drawn only where at least two windows ran; points average over items and any other setting.
+    """
+    windowed = df[~df["baseline"].fillna(False) & df["W"].notna()]
+    paths = []
+    for (experiment, model, decoder), group in windowed.groupby(["experiment", "model", "decoder"]):
+        if group["W"].nunique() < 2:
+            continue
+        curves = group.groupby(["N", "W"])["S"].mean().unstack("N").sort_index()   # rows W, columns N
+        fig, ax = _figure(figsize=(5, 3.5))
+        for n in curves.columns:
+            ax.plot(curves.index, curves[n], marker="o", label=f"N={int(n)}")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(curves.index, [str(int(w)) for w in curves.index])
+        ax.set(xlabel="window W", ylabel="step compression S", title=f"{experiment} / {model} / {decoder}")
+        ax.legend()
+        paths.append(_save(fig, out_dir / f"scaling_{experiment}_{model}_{decoder}.png"))
+    return paths
+
+
+def plot_speedup(table: pd.DataFrame, out_dir: Path) -> Path | None:
+    """Speedup over the baseline per experiment/model (groups) and decoding config (bars)."""
+    if "speedup" not in table or table["speedup"].isna().all():
+        return None
+    rows = table[table["speedup"].notna()].assign(run=lambda t: t["experiment"] + "\n" + t["model"])
+    rows = rows.assign(label=_labels(rows))
+    pivot = rows.pivot_table(index="run", columns="label", values="speedup", aggfunc="mean")
+    fig, ax = _figure(figsize=(max(5, 1.2 * len(pivot) + 0.4 * pivot.size), 4))
+    pivot.plot.bar(ax=ax, rot=0)
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set(xlabel="", ylabel="speedup (baseline / decoder time)")
+    ax.legend(fontsize="small")
+    return _save(fig, out_dir / "speedup.png")
+
+
+def plot_accepted(df: pd.DataFrame, out_dir: Path) -> Path | None:
+    """Share of decoding steps by tokens accepted per step, per experiment x model x decoding config."""
+    cand = df[~df["baseline"].fillna(False)]
+    if cand.empty:
+        return None
+    cand = cand.assign(label=cand["experiment"] + "/" + cand["model"] + ": " + _labels(cand))
+    shares = {}
+    for label, group in cand.groupby("label"):
+        counts: Counter[int] = Counter()
+        for hist in group["accepted_hist"].dropna():
+            counts.update({int(k): v for k, v in json.loads(hist).items()})
+        total = sum(counts.values())
+        shares[label] = {k: v / total for k, v in counts.items()} if total else {}
+    frame = pd.DataFrame(shares).sort_index().fillna(0.0)
+    fig, ax = _figure(figsize=(max(5, 0.5 * len(frame) * max(1, len(shares) / 2)), 3.5))
+    frame.plot.bar(ax=ax, rot=0)
+    ax.set(xlabel="tokens accepted in a step", ylabel="share of steps")
+    ax.legend(fontsize="small")
+    return _save(fig, out_dir / "accepted_hist.png")
+
+
+def _labels(rows: pd.DataFrame) -> pd.Series:
+    """The config tag, plus the settings hash where one tag ran with several settings."""
+    several = rows.groupby("config")["settings"].transform("nunique") > 1
+    return rows["config"].where(~several, rows["config"] + " [" + rows["settings"] + "]")
+
+
+def _figure(figsize: tuple[float, float]) -> tuple[Figure, object]:
+    """A figure outside pyplot: no GUI backend, nothing global, nothing to close."""
+    fig = Figure(figsize=figsize, layout="tight")
+    return fig, fig.subplots()
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# The report
+
+
+def write_report(paths: Iterable[str | Path], out_dir: str | Path) -> Path:
+    """``report.md`` (tables and plot links) and ``summary.csv`` in ``out_dir``; returns the markdown."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    df = load_results(paths)
+    table = summarize(df)
+    table.to_csv(out / "summary.csv", index=False)
+    plots = [*plot_scaling(df, out), plot_speedup(table, out), plot_accepted(df, out)]
+    sections = [
+        "# Lookahead decoding results",
+        f"{len(df)} rows from {df.groupby(GROUP).ngroups} run setups.",
+        "## Speed\n\n" + to_markdown(table, SUMMARY_COLUMNS),
+        "## Quality\n\n" + _quality_section(table),
+        "## Plots\n\n" + "\n".join(f"![{p.stem}]({p.name})" for p in plots if p is not None),
+    ]
+    report = out / "report.md"
+    report.write_text("\n\n".join(sections) + "\n", encoding="utf-8")
+    return report
+
+
+def _quality_section(table: pd.DataFrame) -> str:
+    if not any(column in table for column in QUALITY_COLUMNS):
+        return "No quality metric applies to these datasets (ROUGE: cnndm, xsum; pass@k: code)."
+    return to_markdown(table, ["experiment", "model", "config", *QUALITY_COLUMNS])
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("paths", nargs="*", default=["results/raw"], help="CSV files, directories or globs")
+    parser.add_argument("--out", default="results/report", help="folder for report.md, summary.csv and plots")
+    args = parser.parse_args(argv)
+    report = write_report(args.paths, args.out)
+    print(report.read_text(encoding="utf-8"))
+    print(f"written: {report}")
+
+
+if __name__ == "__main__":
+    main()

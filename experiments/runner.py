@@ -1,0 +1,423 @@
+"""The benchmark runner: one model, one dataset subset, the baseline and one decoder, one CSV.
+
+For every item (and every turn of multi-turn items) the baseline and the decoder under test run
+back to back, in an order that alternates per item so that neither always sees the warmer caches.
+Each conversation keeps its own :class:`DecodeState`, so turn 2 follows that decoder's own first
+answer and reuses its KV cache. One CSV row per item, turn and decoder is appended as soon as the
+item finishes; a rerun of the same command skips finished items. Aggregates are computed by
+:mod:`experiments.report`, never here: the summary printed at the end is the report's.
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import io
+import json
+import os
+import re
+import statistics
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+from jinja2 import TemplateError
+from omegaconf import DictConfig
+from tqdm import tqdm
+
+from lookahead_core import DecodeLimits, DecodeOutput, DecodeState, decode
+from lookahead_core import models as model_loader
+
+from . import report
+from .datasets import DatasetAdapter, Item, get_dataset, repo_root
+from .metrics import extract_code, rouge_scores, truncate_at_stop
+from .sandbox import check_classeval, check_humaneval, check_mbpp
+from .schema import ConfigError, Decoder, PromptFormat, RunSettings, to_settings, with_eos
+from .tiny_tokenizer import ByteTokenizer
+
+COLUMNS: tuple[str, ...] = (
+    # what ran
+    "experiment", "dataset", "item_id", "turn", "model", "dtype", "device",
+    "decoder", "baseline", "config", "settings", "W", "N", "G", "prompt_pool", "pool_only",
+    "temperature", "top_k", "top_p", "seed", "max_new_tokens", "torch", "transformers", "git_commit",
+    # how it went
+    "prompt_tokens", "prefill_tokens", "new_tokens", "steps", "S", "accepted_hist", "step_tokens_mean",
+    "prefill_s", "decode_s", "wall_s", "tokens_per_s", "overhead_frac",
+    # what came out
+    "matches_greedy", "rouge1", "rouge2", "rougeL", "passed", "text",
+)  # fmt: skip
+
+SUMMARISATION = ("cnndm", "xsum")
+WARMUP_TOKENS = 16
+
+
+def run(cfg: DictConfig) -> Path:
+    """Run the composed config; returns the CSV path. Fails on a bad config before loading anything."""
+    settings = to_settings(cfg, device=resolve_device(cfg.device))
+    adapter = get_dataset(settings.dataset.name, **settings.dataset.options)
+    items = adapter.load(settings.data_root, settings.dataset.limit, settings.dataset.offset,
+                         settings.dataset.source.value)
+    _check_prompt_format(items, settings.prompt_format)
+    plan = {item.item_id: expected_keys(adapter, item, settings) for item in items}
+    store = ResultStore(settings.results_path(), plan)
+    # The index in the subset (not in the to-do list) sets the decoder order, so a resumed run
+    # measures each item exactly as an uninterrupted one would.
+    todo = [(index, item) for index, item in enumerate(items) if item.item_id not in store.finished]
+    print(f"{settings.experiment} / {settings.model.name} / {settings.config_tag}: "
+          f"{len(items) - len(todo)} of {len(items)} items already in {store.path}")
+    if todo:
+        session = Session.start(settings, adapter)
+        session.warm_up(todo[0][1])
+        progress = Progress(len(todo), f"{settings.experiment}/{settings.model.name}/{settings.config_tag}")
+        for index, item in todo:
+            rows = run_item(session, item, index)
+            store.append(rows)
+            progress.update(rows)
+        progress.close()
+    table = report.summarize(report.load_results([store.path]))
+    print(report.to_markdown(table, report.SUMMARY_COLUMNS))
+    return store.path
+
+
+def resolve_device(device: str) -> str:
+    """``auto`` -> the best available device; anything else unchanged (validated by the schema)."""
+    if device != "auto":
+        return device
+    if torch.cuda.is_available():
+        return "cuda"
+    if torch.backends.mps.is_available():
+        return "mps"
+    return "cpu"
+
+
+def expected_keys(adapter: DatasetAdapter, item: Item, settings: RunSettings) -> frozenset[tuple[str, str]]:
+    """The (turn, decoder) rows that make an item complete; an item is redone as a unit."""
+    return frozenset((str(turn), decoder.name) for turn in range(1, num_turns(adapter, item, settings) + 1)
+                     for decoder in settings.decoders)
+
+
+def num_turns(adapter: DatasetAdapter, item: Item, settings: RunSettings) -> int:
+    if settings.prompt_format is PromptFormat.raw:
+        return 1
+    return min(adapter.num_turns(item), settings.dataset.turns or adapter.num_turns(item))
+
+
+def _check_prompt_format(items: Sequence[Item], prompt_format: PromptFormat) -> None:
+    field = "turns" if prompt_format is PromptFormat.chat else "prompt"
+    lacking = [item.item_id for item in items if getattr(item, field) is None]
+    if lacking:
+        raise ConfigError(f"dataset.prompt_format: {prompt_format.value} needs items with {field}; "
+                          f"{items[0].dataset} item {lacking[0]} has none")
+
+
+# ---------------------------------------------------------------------------------------------
+# The model session: prompts, timed decodes, rows
+
+
+@dataclass
+class Session:
+    """A loaded model with what every row repeats (versions, commit)."""
+
+    settings: RunSettings
+    adapter: DatasetAdapter
+    model: Any
+    tokenizer: Any
+    constants: dict[str, Any]
+
+    @classmethod
+    def start(cls, settings: RunSettings, adapter: DatasetAdapter) -> Session:
+        if settings.threads is not None:
+            torch.set_num_threads(settings.threads)
+        spec = settings.model
+        model, tokenizer = model_loader.load_model(
+            spec.spec, dtype=spec.dtype.value, device=settings.device,
+            attn_implementation=spec.attn_implementation.value, cache_dir=spec.cache_dir,
+        )
+        if tokenizer is None:  # tiny random test models ship none
+            tokenizer = ByteTokenizer(model.config.vocab_size)
+        settings = with_eos(settings, eos_token_ids(model, tokenizer, spec.extra_eos_token_ids))
+        constants = {
+            "experiment": settings.experiment, "dataset": settings.dataset.name, "model": spec.name,
+            "dtype": spec.dtype.value, "device": settings.device, "config": settings.config_tag,
+            "settings": settings.fingerprint(), "temperature": settings.sampling.temperature,
+            "top_k": settings.sampling.top_k, "top_p": settings.sampling.top_p, "seed": settings.seed,
+            "max_new_tokens": settings.limits.max_new_tokens, "torch": torch.__version__,
+            "transformers": transformers.__version__, "git_commit": git_commit(repo_root()),
+        }
+        return cls(settings, adapter, model, tokenizer, constants)
+
+    def prompt_ids(self, item: Item, turn_index: int, answers: Sequence[str]) -> list[int]:
+        """The whole conversation up to turn ``turn_index``'s generation prompt, as token ids."""
+        if self.settings.prompt_format is PromptFormat.raw:
+            return list(self.tokenizer.encode(self.adapter.raw_prompt(item)))
+        prefix = item.extra.get("assistant_prefix", "")
+        if getattr(self.tokenizer, "chat_template", None):
+            text = self._apply_chat_template(item, turn_index, answers) + prefix
+            return list(self.tokenizer.encode(text, add_special_tokens=False))  # the template has BOS
+        messages = self.adapter.build_messages(item, turn_index, answers)
+        return list(self.tokenizer.encode(plain_transcript(messages) + prefix))
+
+    def _apply_chat_template(self, item: Item, turn_index: int, answers: Sequence[str]) -> str:
+        def render(system_role: bool) -> str:
+            messages = self.adapter.build_messages(item, turn_index, answers, system_role=system_role)
+            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+        try:
+            return render(system_role=True)
+        except TemplateError:  # templates such as Gemma's reject a system message
+            return render(system_role=False)
+
+    def decode_once(self, ids: list[int], decoder: Decoder, state: DecodeState | None,
+                    limits: DecodeLimits | None = None) -> tuple[DecodeOutput, float]:
+        start = time.perf_counter()
+        out = decode(self.model, ids, decoder.lookahead, limits or self.settings.limits, self.settings.sampling,
+                     state=state, tokenizer=self.tokenizer)
+        return out, time.perf_counter() - start
+
+    def warm_up(self, item: Item) -> None:
+        """Untimed short decodes of each decoder, so the first timed item pays no one-off costs."""
+        ids = self.prompt_ids(item, 0, ())
+        limits = DecodeLimits(min(WARMUP_TOKENS, self.settings.limits.max_new_tokens),
+                              self.settings.limits.eos_token_ids)
+        for _ in range(self.settings.warmup):
+            for decoder in self.settings.decoders:
+                self.decode_once(ids, decoder, None, limits)
+
+    def text(self, tokens: list[int]) -> str:
+        return self.tokenizer.decode(tokens, skip_special_tokens=True)
+
+
+@dataclass
+class Timed:
+    """One decoder's result on one prompt: the first repeat's output, each time the median over repeats."""
+
+    output: DecodeOutput
+    prompt_tokens: int
+    prefill_s: float
+    decode_s: float
+    wall_s: float
+
+
+def run_item(session: Session, item: Item, index: int) -> list[dict[str, Any]]:
+    """Every turn of one item with each decoder; returns its rows (baseline rows first)."""
+    settings = session.settings
+    decoders = settings.decoders
+    order = decoders if index % 2 == 0 else decoders[::-1]
+    states: dict[str, DecodeState | None] = {d.name: None for d in decoders}
+    answers: dict[str, list[str]] = {d.name: [] for d in decoders}
+    rows = []
+    for turn_index in range(num_turns(session.adapter, item, settings)):
+        prompts = {d.name: session.prompt_ids(item, turn_index, answers[d.name]) for d in decoders}
+        outputs: dict[str, DecodeOutput] = {}
+        seconds: dict[str, list[tuple[float, float, float]]] = {d.name: [] for d in decoders}
+        for _ in range(settings.repeats):
+            for decoder in order:
+                state = states[decoder.name]
+                # Each repeat must start from the same conversation: decode() extends the cache.
+                state = copy.deepcopy(state) if state is not None and settings.repeats > 1 else state
+                out, wall = session.decode_once(prompts[decoder.name], decoder, state)
+                outputs.setdefault(decoder.name, out)   # every repeat yields the same tokens (seeded)
+                seconds[decoder.name].append((out.stats.prefill_seconds, out.stats.decode_seconds, wall))
+        results = {name: Timed(outputs[name], len(prompts[name]), *map(statistics.median, zip(*seconds[name])))
+                   for name in outputs}
+        for decoder in decoders:
+            states[decoder.name] = results[decoder.name].output.state
+            answers[decoder.name].append(session.text(results[decoder.name].output.tokens))
+        rows += _turn_rows(session, item, turn_index + 1, results, answers)
+    return rows
+
+
+def _turn_rows(session: Session, item: Item, turn: int, results: dict[str, Timed],
+               answers: dict[str, list[str]]) -> list[dict[str, Any]]:
+    settings = session.settings
+    baseline = results[settings.baseline.name].output.tokens
+    scores: dict[tuple[int, ...], dict[str, Any]] = {}
+    rows = []
+    for decoder in settings.decoders:
+        timed = results[decoder.name]
+        tokens = timed.output.tokens
+        text = answers[decoder.name][turn - 1]
+        if settings.score and tuple(tokens) not in scores:  # same tokens, same score: run the sandbox once
+            scores[tuple(tokens)] = score(session.adapter, item, text, settings.prompt_format)
+        matches = None
+        if not decoder.is_baseline and settings.sampling.greedy:  # sampled outputs differ by design
+            matches = tokens == baseline
+        rows.append(_row(session, item, turn, decoder, timed, text, matches, scores.get(tuple(tokens), {})))
+    return rows
+
+
+def _row(session: Session, item: Item, turn: int, decoder: Decoder, timed: Timed, text: str,
+         matches: bool | None, scores: dict[str, Any]) -> dict[str, Any]:
+    stats = timed.output.stats
+    lookahead = decoder.lookahead
+    return {
+        **session.constants,
+        "item_id": item.item_id,
+        "turn": turn,
+        "decoder": decoder.name,
+        "baseline": decoder.is_baseline,
+        "W": None if lookahead is None or lookahead.pool_only else lookahead.window,
+        "N": None if lookahead is None else lookahead.ngram,
+        "G": None if lookahead is None else lookahead.guess,
+        "prompt_pool": None if lookahead is None else lookahead.prompt_pool,
+        "pool_only": None if lookahead is None else lookahead.pool_only,
+        "prompt_tokens": timed.prompt_tokens,
+        "prefill_tokens": stats.prefill_tokens,
+        "new_tokens": stats.new_tokens,
+        "steps": stats.steps,
+        "S": stats.compression,
+        "accepted_hist": json.dumps(stats.accepted_histogram),
+        "step_tokens_mean": statistics.fmean(stats.step_tokens) if stats.step_tokens else None,
+        "prefill_s": timed.prefill_s,
+        "decode_s": timed.decode_s,
+        "wall_s": timed.wall_s,
+        "tokens_per_s": stats.new_tokens / timed.decode_s if timed.decode_s else None,
+        "overhead_frac": stats.overhead_fraction,
+        "matches_greedy": matches,
+        **scores,
+        "text": text,
+    }
+
+
+def score(adapter: DatasetAdapter, item: Item, text: str, prompt_format: PromptFormat) -> dict[str, Any]:
+    """Quality columns of one output: ROUGE F-measures for summaries, ``passed`` for code."""
+    name = adapter.name
+    if name in SUMMARISATION:
+        return {kind: values["mean"] for kind, values in rouge_scores([text], [item.reference or ""]).items()}
+    if name == "humaneval":
+        return {"passed": check_humaneval(item.extra, truncate_at_stop(text)).passed}
+    if name == "mbpp":
+        return {"passed": check_mbpp(item.extra, extract_code(text)).passed}
+    if name == "classeval":
+        code = extract_code(text) if prompt_format is PromptFormat.chat else adapter.raw_prompt(item) + text
+        return {"passed": check_classeval(item.extra, code).passed}
+    return {}
+
+
+def plain_transcript(messages: Sequence[dict[str, str]]) -> str:
+    """Chat messages as plain text, for models without a chat template (base and tiny models)."""
+    lines = [f"{message['role'].capitalize()}: {message['content']}" for message in messages]
+    return "\n\n".join(lines) + "\n\nAssistant:"
+
+
+def eos_token_ids(model: Any, tokenizer: Any, extra: Iterable[int]) -> tuple[int, ...]:
+    """EOS ids of the tokenizer, the generation config, the model config and the model's yaml."""
+    sources = (
+        getattr(tokenizer, "eos_token_id", None),
+        getattr(getattr(model, "generation_config", None), "eos_token_id", None),
+        getattr(model.config, "eos_token_id", None),
+        list(extra),
+    )
+    ids: list[int] = []
+    for source in sources:
+        ids += [source] if isinstance(source, int) else list(source or [])
+    return tuple(dict.fromkeys(ids))
+
+
+def git_commit(root: Path) -> str:
+    """Short hash of the checkout's HEAD, read from ``.git`` (no git process); "unknown" elsewhere."""
+    git = root / ".git"
+    try:
+        if git.is_file():  # a worktree: ".git" names the real git directory
+            git = (root / git.read_text().split(":", 1)[1].strip()).resolve()
+        common = (git / (git / "commondir").read_text().strip()).resolve() if (git / "commondir").is_file() else git
+        head = (git / "HEAD").read_text().strip()
+        if head.startswith("ref: "):
+            ref = head[len("ref: "):]
+            loose = common / ref
+            packed = (common / "packed-refs").read_text() if (common / "packed-refs").is_file() else ""
+            matches = [line.split()[0] for line in packed.splitlines() if line.endswith(" " + ref)]
+            head = loose.read_text().strip() if loose.is_file() else (matches[0] if matches else "")
+    except OSError:
+        return "unknown"
+    return head[:7] if re.fullmatch(r"[0-9a-f]{40}", head) else "unknown"
+
+
+# ---------------------------------------------------------------------------------------------
+# The results file and the progress bar
+
+
+class ResultStore:
+    """The run's CSV: finished items are read back, rows of unfinished items are dropped.
+
+    ``plan`` maps each item id of this run to its expected (turn, decoder) keys. Rows of items
+    outside the plan (another subset of the same settings) are kept as they are. Each item's rows
+    are appended in one write and flushed, so a crash loses at most the item in progress; a row
+    torn by a crash mid-write is detected (no final newline) and dropped with its item.
+    """
+
+    def __init__(self, path: Path, plan: dict[str, frozenset[tuple[str, str]]]) -> None:
+        self.path = path
+        self._torn = False
+        rows = self._read() if path.exists() else []
+        keys: dict[str, set[tuple[str, str]]] = {}
+        for row in rows:
+            keys.setdefault(row["item_id"], set()).add((row["turn"], row["decoder"]))
+        self.finished = {item for item, expected in plan.items() if expected <= keys.get(item, set())}
+        kept = [row for row in rows if row["item_id"] not in plan or row["item_id"] in self.finished]
+        if not path.exists() or len(kept) != len(rows) or self._torn:
+            self._rewrite(kept)
+
+    def _read(self) -> list[dict[str, str]]:
+        text = self.path.read_text(encoding="utf-8")
+        self._torn = bool(text) and not text.endswith("\n")
+        records = list(csv.reader(io.StringIO(text)))
+        if not records:
+            return []
+        header, body = tuple(records[0]), records[1:]
+        if header != COLUMNS:
+            raise RuntimeError(f"{self.path} was written with other columns; move it away to start afresh")
+        if self._torn:
+            body = body[:-1]
+        return [dict(zip(COLUMNS, record)) for record in body]
+
+    def _rewrite(self, rows: list[dict[str, str]]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        partial = self.path.with_suffix(".csv.partial")
+        partial.write_text(_render(rows, header=True), encoding="utf-8")
+        os.replace(partial, self.path)
+
+    def append(self, rows: list[dict[str, Any]]) -> None:
+        with open(self.path, "a", encoding="utf-8", newline="") as handle:
+            handle.write(_render(rows))
+            handle.flush()
+            os.fsync(handle.fileno())
+
+
+def _render(rows: list[dict[str, Any]], header: bool = False) -> str:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=COLUMNS)
+    if header:
+        writer.writeheader()
+    writer.writerows(rows)
+    return buffer.getvalue()
+
+
+class Progress:
+    """A tqdm bar over items showing the running step compression S and speedup (display only)."""
+
+    def __init__(self, total: int, description: str) -> None:
+        self.bar = tqdm(total=total, desc=description, unit="item")
+        self.accepted = self.steps = 0
+        self.seconds = {True: 0.0, False: 0.0}   # decode seconds of baseline / candidate rows
+
+    def update(self, rows: list[dict[str, Any]]) -> None:
+        for row in rows:
+            self.seconds[row["baseline"]] += row["decode_s"]
+            if not row["baseline"]:
+                self.accepted += row["S"] * row["steps"]
+                self.steps += row["steps"]
+        postfix = {}
+        if self.steps:
+            postfix["S"] = f"{self.accepted / self.steps:.2f}"
+        if self.seconds[False]:
+            postfix["speedup"] = f"{self.seconds[True] / self.seconds[False]:.2f}x"
+        self.bar.set_postfix(postfix)
+        self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()

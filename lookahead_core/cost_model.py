@@ -1,0 +1,419 @@
+"""A cost model of lookahead decoding on the current device, and ``decoding=auto`` on top of it.
+
+Lookahead decoding trades fewer sequential steps for bigger steps. Its speedup over greedy is
+
+    speedup(W, N, G) = S(W, N, G) * t_step(greedy) / t_step(W, N, G)
+
+where S is the step compression (tokens committed per step, a property of the model and the text,
+the same on every device because the output is lossless) and t_step is the wall time of one step
+(the forward of ``k`` tokens, plus the decode loop's own host work). On a GPU a forward of 64 tokens
+costs about what one token costs, so any S > 1 pays; on a CPU it costs several times more
+(MODELS.md, "This CPU"), so only small steps or high acceptance pay.
+
+Three pieces, each usable alone:
+
+* :func:`measure_latency` times ``CausalLM.forward`` against tokens per forward on the device the
+  model lives on, with a realistic KV length, and returns a :class:`CostModel`.
+* :class:`CostModel` interpolates that curve (``latency``), knows how many tokens and logit rows a
+  config feeds per step (from :func:`~lookahead_core.layout.step_layout`), and predicts speedups
+  from an S (``predict``) or from a calibration run's per-step record (``predict_steps``).
+* :func:`choose_config` calibrates S for a grid of configs on a few short prompts, predicts each
+  one's speedup with the cost model and returns the best, or ``None`` (greedy) when nothing is
+  predicted to beat greedy. Greedy is always a candidate at speedup 1.0, so auto is never
+  *predicted* slower than greedy.
+"""
+
+from __future__ import annotations
+
+import bisect
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from .config import DecodeLimits, LookaheadConfig
+from .decoder import DecodeStats, decode
+from .layout import causal_layout, step_layout
+from .model_io import CausalLM, truncate_kv
+
+DEFAULT_SIZES: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+
+# (N, W, G) for the lookahead branch, each with and without the prompt pool, and (N, G) for
+# pool-only decoding (prompt lookup, no window: one step feeds at most 1 + G*(N-1) tokens).
+DEFAULT_LOOKAHEAD_GRID: tuple[tuple[int, int, int], ...] = ((3, 2, 2), (3, 4, 4), (4, 5, 5), (5, 7, 7), (5, 15, 15))
+DEFAULT_POOL_ONLY_GRID: tuple[tuple[int, int], ...] = ((3, 1), (4, 1), (5, 1), (4, 3), (6, 2))
+
+
+def default_grid() -> list[LookaheadConfig]:
+    grid = [LookaheadConfig(window=w, ngram=n, guess=g, prompt_pool=pool)
+            for n, w, g in DEFAULT_LOOKAHEAD_GRID for pool in (False, True)]
+    grid += [LookaheadConfig(window=1, ngram=n, guess=g, pool_only=True) for n, g in DEFAULT_POOL_ONLY_GRID]
+    return grid
+
+
+def config_label(config: LookaheadConfig | None) -> str:
+    """A short name: ``greedy``, ``la_N5W15G15``, ``la_N5W15G15_pool``, ``pool_N4G3``."""
+    if config is None:
+        return "greedy"
+    if config.pool_only:
+        return f"pool_N{config.ngram}G{config.guess}"
+    return f"la_N{config.ngram}W{config.window}G{config.guess}" + ("_pool" if config.prompt_pool else "")
+
+
+# ---------------------------------------------------------------------------------------------
+# Step shapes
+
+
+def step_shape(config: LookaheadConfig | None, candidates: int | None = None) -> tuple[int, int]:
+    """(tokens fed, logit rows kept) of one warmed-up step with ``candidates`` candidates (default G)."""
+    if config is None:
+        return 1, 1
+    c = config.guess if candidates is None else min(candidates, config.guess)
+    if config.pool_only:
+        layout = step_layout(0, 0, c, config.ngram - 1)
+    else:
+        layout = step_layout(config.window, config.ngram - 1, c, config.ngram - 1)
+    return layout.size, int(layout.logit_rows.numel())
+
+
+def logit_rows_for(config: LookaheadConfig | None, tokens: int) -> int:
+    """Logit rows of a step that fed ``tokens`` tokens (the candidate count is inferred).
+
+    During the N-2 warm-up steps the window is not full yet; those rows are approximated by the
+    last level's W rows plus the input token.
+    """
+    if config is None:
+        return 1
+    if config.pool_only:
+        return tokens                       # every row predicts a candidate token or the bonus
+    window_rows, _ = step_shape(config, 0)
+    if tokens < window_rows:
+        return min(tokens, config.window + 1)
+    return step_shape(config, (tokens - window_rows) // (config.ngram - 1))[1]
+
+
+# ---------------------------------------------------------------------------------------------
+# The cost model
+
+
+def _interpolate(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
+    """Piecewise-linear through (xs, ys); linear extrapolation from the last two points above."""
+    if x <= xs[0] or len(xs) == 1:
+        return ys[0]
+    i = min(bisect.bisect_left(xs, x), len(xs) - 1)
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Forward latency against tokens per forward on one device, plus the loop's host cost per step.
+
+    tokens: the measured sizes, ascending, starting at 1.
+    seconds: median latency of a forward of that many tokens keeping every row's logits.
+    seconds_one_logit: the same keeping one row's logits (the LM head's share is linear in the rows
+        kept, so the two curves bracket any step); ``None`` = use ``seconds`` for every step.
+    host_seconds: time per step the decode loop spends outside ``CausalLM.forward`` (pool, verify,
+        KV commit); added to every step, greedy's too.
+    """
+
+    tokens: tuple[int, ...]
+    seconds: tuple[float, ...]
+    seconds_one_logit: tuple[float, ...] | None = None
+    host_seconds: float = 0.0
+    device: str = "cpu"
+    kv_length: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.tokens or self.tokens[0] != 1 or list(self.tokens) != sorted(set(self.tokens)):
+            raise ValueError(f"tokens must be ascending, distinct and start at 1, got {self.tokens}")
+        for name in ("seconds", "seconds_one_logit"):
+            values = getattr(self, name)
+            if values is not None and (len(values) != len(self.tokens) or min(values) <= 0):
+                raise ValueError(f"{name} needs one positive value per size, got {values}")
+
+    def latency(self, tokens: float, logit_rows: float | None = None) -> float:
+        """Seconds of one forward of ``tokens`` tokens keeping ``logit_rows`` logits (default all)."""
+        full = _interpolate(self.tokens, self.seconds, tokens)
+        if logit_rows is None or self.seconds_one_logit is None or tokens <= 1:
+            return full
+        one = _interpolate(self.tokens, self.seconds_one_logit, tokens)
+        share = (min(logit_rows, tokens) - 1) / (tokens - 1)
+        return one + (full - one) * share
+
+    def step_seconds(self, config: LookaheadConfig | None, candidates: int | None = None) -> float:
+        """Seconds of one warmed-up step of ``config`` (``None`` = greedy) with that many candidates."""
+        return self.latency(*step_shape(config, candidates)) + self.host_seconds
+
+    def predict(self, config: LookaheadConfig | None, compression: float, candidates: int | None = None) -> float:
+        """Speedup over greedy of ``config`` at step compression S = ``compression``, every step
+        carrying ``candidates`` candidates (default G: the most expensive step)."""
+        if config is None:
+            return 1.0
+        return compression * self.step_seconds(None) / self.step_seconds(config, candidates)
+
+    def predict_steps(self, config: LookaheadConfig | None, step_tokens: Sequence[int], accepted: Sequence[int],
+                      host_seconds: float | None = None) -> float:
+        """Speedup over greedy predicted from a run's per-step record (``DecodeStats.step_tokens``
+        and ``.accepted``): committed tokens x greedy step time / the steps' predicted time.
+        ``host_seconds``: this config's host time per step, if measured (default: greedy's)."""
+        if len(step_tokens) != len(accepted):
+            raise ValueError("step_tokens and accepted must have one entry per step")
+        if not step_tokens:
+            return 1.0
+        host = self.host_seconds if host_seconds is None else host_seconds
+        forward = sum(self.latency(k, logit_rows_for(config, k)) for k in step_tokens)
+        return sum(accepted) * self.step_seconds(None) / (forward + host * len(step_tokens))
+
+    def relative(self) -> list[tuple[int, float]]:
+        """(tokens, t(k)/t(1)) with every logit kept: the shape of the curve."""
+        return [(k, s / self.seconds[0]) for k, s in zip(self.tokens, self.seconds)]
+
+    def to_rows(self) -> list[dict]:
+        ones = self.seconds_one_logit or (None,) * len(self.tokens)
+        return [{"tokens": k, "seconds": s, "seconds_one_logit": o, "ratio": s / self.seconds[0],
+                 "host_seconds": self.host_seconds, "device": self.device, "kv_length": self.kv_length}
+                for k, s, o in zip(self.tokens, self.seconds, ones)]
+
+    @classmethod
+    def from_rows(cls, rows: Sequence[dict]) -> CostModel:
+        rows = sorted(rows, key=lambda r: int(r["tokens"]))
+        ones = [r.get("seconds_one_logit") for r in rows]
+        has_ones = all(o not in (None, "") and o == o for o in ones)   # o == o: not NaN
+        return cls(
+            tokens=tuple(int(r["tokens"]) for r in rows),
+            seconds=tuple(float(r["seconds"]) for r in rows),
+            seconds_one_logit=tuple(float(o) for o in ones) if has_ones else None,
+            host_seconds=float(rows[0].get("host_seconds") or 0.0),
+            device=str(rows[0].get("device") or "cpu"),
+            kv_length=int(rows[0].get("kv_length") or 0),
+        )
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@torch.inference_mode()
+def measure_latency(
+    model: torch.nn.Module | CausalLM,
+    sizes: Sequence[int] = DEFAULT_SIZES,
+    *,
+    kv_length: int = 256,
+    repeats: int = 5,
+    one_logit: bool = True,
+    seed: int = 0,
+) -> CostModel:
+    """Time ``CausalLM.forward`` of k random tokens after a ``kv_length``-token cache, for each k.
+
+    Each size is timed ``repeats`` times (median), after one untimed round; the sizes are visited in
+    a rotating order so that slow drifts of a shared machine spread over all sizes. The cache is cut
+    back to ``kv_length`` after every forward. Timing is wall clock with the device synchronized,
+    i.e. what the decode loop sees (mask building and host-device copies included).
+    """
+    lm = model if isinstance(model, CausalLM) else CausalLM(model)
+    sizes = sorted(set(int(k) for k in sizes) | {1})
+    vocab = lm.model.config.vocab_size
+    gen = torch.Generator().manual_seed(seed)
+    cache = lm.new_cache()
+    prefix = torch.randint(0, vocab, (max(kv_length, 1),), generator=gen).tolist()
+    offsets, visible = causal_layout(len(prefix))
+    lm.forward(cache, prefix, offsets, visible, 0, torch.tensor([len(prefix) - 1]))
+    past = len(prefix)
+    variants = [False, True] if one_logit else [False]
+    times: dict[tuple[int, bool], list[float]] = {(k, v): [] for k in sizes for v in variants}
+    keys = list(times)
+    for round_index in range(repeats + 1):
+        shift = round_index % len(keys)
+        for k, single in keys[shift:] + keys[:shift]:
+            tokens = torch.randint(0, vocab, (k,), generator=gen).tolist()
+            offsets, visible = causal_layout(k)
+            rows = torch.tensor([k - 1]) if single else torch.arange(k)
+            _synchronize(lm.device)
+            start = time.perf_counter()
+            lm.forward(cache, tokens, offsets, visible, past, rows)
+            _synchronize(lm.device)
+            elapsed = time.perf_counter() - start
+            truncate_kv(cache, past)
+            if round_index:
+                times[(k, single)].append(elapsed)
+    full = tuple(statistics.median(times[(k, False)]) for k in sizes)
+    ones = tuple(statistics.median(times[(k, True)]) for k in sizes) if one_logit else None
+    return CostModel(tuple(sizes), full, ones, device=str(lm.device), kv_length=past)
+
+
+# ---------------------------------------------------------------------------------------------
+# decoding=auto
+
+
+@dataclass
+class Calibration:
+    """One config's calibration on the prompts: its per-step record and what it predicts."""
+
+    config: LookaheadConfig | None
+    status: str                           # "calibrated" or "pruned" (its upper bound could not win)
+    upper_bound: float                    # speedup if every step accepted N tokens
+    steps: int = 0
+    accepted: int = 0                     # tokens committed by the decode steps
+    step_tokens_mean: float = 0.0
+    host_seconds: float = 0.0             # per step, outside the forward
+    decode_seconds: float = 0.0
+    predicted: float | None = None        # speedup over greedy from the cost model
+    measured: float | None = None         # speedup measured on the calibration itself (noisy)
+
+    @property
+    def compression(self) -> float | None:
+        return self.accepted / self.steps if self.steps else None
+
+    def row(self) -> dict:
+        config = self.config
+        return {
+            "decoder": config_label(config),
+            "N": None if config is None else config.ngram,
+            "W": None if config is None or config.pool_only else config.window,
+            "G": None if config is None else config.guess,
+            "prompt_pool": None if config is None else config.prompt_pool,
+            "pool_only": None if config is None else config.pool_only,
+            "status": self.status, "upper_bound": self.upper_bound, "steps": self.steps,
+            "S": self.compression, "step_tokens_mean": self.step_tokens_mean,
+            "host_ms_per_step": 1e3 * self.host_seconds, "decode_seconds": self.decode_seconds,
+            "predicted_speedup": self.predicted, "calibration_measured_speedup": self.measured,
+        }
+
+
+@dataclass
+class ChoiceReport:
+    """What ``choose_config`` measured and why it chose what it chose."""
+
+    cost_model: CostModel
+    chosen: LookaheadConfig | None
+    candidates: list[Calibration] = field(default_factory=list)
+    calibration_prompts: int = 0
+    calibration_tokens: int = 0
+    seconds: float = 0.0
+
+    def rows(self) -> list[dict]:
+        return [c.row() for c in self.candidates]
+
+    def to_markdown(self) -> str:
+        lines = [
+            f"decoding=auto chose **{config_label(self.chosen)}** on {self.cost_model.device} "
+            f"(calibration: {self.calibration_prompts} prompts x {self.calibration_tokens} new tokens, "
+            f"{self.seconds:.0f} s).",
+            "",
+            "| config | status | S | tokens/step | host ms/step | upper bound | predicted | measured (calib.) |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+
+        def fmt(value, spec=".2f"):
+            return "" if value is None else format(value, spec)
+
+        for c in sorted(self.candidates, key=lambda c: -(c.predicted or 0.0)):
+            lines.append(f"| {config_label(c.config)} | {c.status} | {fmt(c.compression)} | "
+                         f"{fmt(c.step_tokens_mean, '.1f')} | {1e3 * c.host_seconds:.2f} | {c.upper_bound:.2f} | "
+                         f"{fmt(c.predicted)} | {fmt(c.measured)} |")
+        return "\n".join(lines)
+
+
+def upper_bound(cost: CostModel, config: LookaheadConfig, host_seconds: float | None = None) -> float:
+    """The best speedup ``config`` could reach: a step without candidates commits 1 token, one
+    with candidates at most N (N-1 candidate tokens and the model's own next token)."""
+    host = cost.host_seconds if host_seconds is None else host_seconds
+    greedy = cost.step_seconds(None)
+    bare = cost.latency(*step_shape(config, 0)) + host
+    with_one = cost.latency(*step_shape(config, 1)) + host if config.guess else float("inf")
+    return max(greedy / bare, config.ngram * greedy / with_one)
+
+
+def _run_prompts(model, prompts, config, limits) -> tuple[DecodeStats, float]:
+    """Decode every prompt; returns the merged per-step record and the wall seconds of the loops."""
+    merged = DecodeStats()
+    for prompt in prompts:
+        stats = decode(model, prompt, config, limits).stats
+        merged.steps += stats.steps
+        merged.step_tokens += stats.step_tokens
+        merged.accepted += stats.accepted
+        merged.decode_seconds += stats.decode_seconds
+        merged.model_seconds += stats.model_seconds
+    return merged, merged.decode_seconds
+
+
+def choose_config(
+    model: torch.nn.Module | CausalLM,
+    calibration_prompts: list[list[int]],
+    limits: DecodeLimits,
+    grid: Sequence[LookaheadConfig] | None = None,
+    *,
+    cost_model: CostModel | None = None,
+    prune: bool = True,
+    always_calibrate: Sequence[LookaheadConfig] = (),
+    min_speedup: float = 1.0,
+    kv_length: int | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[LookaheadConfig | None, ChoiceReport]:
+    """Pick the config of ``grid`` (default :func:`default_grid`) predicted fastest on this device.
+
+    1. Latency curve: ``cost_model``, or measured now with a KV length of the prompts' mean plus
+       half the generation budget.
+    2. Greedy on every calibration prompt (it also warms up), to measure the loop's host time per
+       step.
+    3. Configs in order of their upper bound (:func:`upper_bound`); with ``prune``, a config whose
+       bound cannot beat the best prediction so far is skipped (never one in ``always_calibrate``).
+       Each other config decodes every calibration prompt; its prediction is
+       ``CostModel.predict_steps`` over its actual steps (so the real number of candidates per step
+       counts, not G), with its own host time.
+    4. The best prediction wins if it exceeds ``min_speedup``; otherwise greedy (``None``).
+
+    S grows with the length of the text (the pool fills up), so S from short calibrations is a
+    slight underestimate for long generations. Returns ``(config or None, ChoiceReport)``.
+    """
+    if not calibration_prompts:
+        raise ValueError("choose_config needs at least one calibration prompt")
+    say = progress or (lambda message: None)
+    started = time.perf_counter()
+    lm = model if isinstance(model, CausalLM) else CausalLM(model)
+    grid = list(default_grid() if grid is None else grid)
+    if cost_model is None:
+        if kv_length is None:
+            mean_prompt = statistics.fmean(len(p) for p in calibration_prompts)
+            kv_length = int(mean_prompt + limits.max_new_tokens / 2)
+        say(f"measuring forward latency (KV length {kv_length})")
+        cost_model = measure_latency(lm, kv_length=kv_length)
+
+    say("calibrating greedy")
+    decode(lm, calibration_prompts[0], None, replace(limits, max_new_tokens=min(8, limits.max_new_tokens)))  # warm-up
+    greedy_stats, greedy_seconds = _run_prompts(lm, calibration_prompts, None, limits)
+    greedy_host = max(0.0, greedy_stats.decode_seconds - greedy_stats.model_seconds) / max(greedy_stats.steps, 1)
+    cost_model = replace(cost_model, host_seconds=greedy_host)
+    greedy_per_token = greedy_seconds / max(sum(greedy_stats.accepted), 1)
+    greedy = Calibration(None, "calibrated", 1.0, greedy_stats.steps, sum(greedy_stats.accepted),
+                         1.0, greedy_host, greedy_seconds, 1.0, 1.0)
+
+    ranked = sorted(grid, key=lambda c: -upper_bound(cost_model, c))
+    results = [greedy]
+    best = max(1.0, min_speedup)
+    for config in ranked:
+        bound = upper_bound(cost_model, config)
+        if prune and bound <= best and config not in always_calibrate:
+            results.append(Calibration(config, "pruned", bound))
+            continue
+        say(f"calibrating {config_label(config)}")
+        stats, seconds = _run_prompts(lm, calibration_prompts, config, limits)
+        host = max(0.0, stats.decode_seconds - stats.model_seconds) / max(stats.steps, 1)
+        predicted = cost_model.predict_steps(config, stats.step_tokens, stats.accepted, host_seconds=host)
+        per_token = seconds / max(sum(stats.accepted), 1)
+        results.append(Calibration(
+            config, "calibrated", bound, stats.steps, sum(stats.accepted),
+            statistics.fmean(stats.step_tokens) if stats.step_tokens else 0.0, host, seconds,
+            predicted, greedy_per_token / per_token if per_token else None,
+        ))
+        best = max(best, predicted)
+
+    winner = max((c for c in results if c.predicted is not None), key=lambda c: c.predicted)
+    chosen = winner.config if winner.config is not None and winner.predicted > min_speedup else None
+    report = ChoiceReport(cost_model, chosen, results, len(calibration_prompts), limits.max_new_tokens,
+                          time.perf_counter() - started)
+    return chosen, report

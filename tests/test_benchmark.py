@@ -1,0 +1,147 @@
+"""The benchmark end to end on a tiny model (rows, table, resume, calibration), and gpu_bench --tiny."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from experiments import benchmark
+from experiments.datasets import default_data_root, repo_root
+
+needs_data = pytest.mark.skipif(not default_data_root().is_dir(), reason="no offline data")
+
+ARGS = [
+    "--model", "tiny-llama", "--dataset", "mtbench", "--limit", "2", "--max-new-tokens", "12",
+    "--configs", "3,3,3", "--pool", "both", "--pool-only", "3,2", "--prompt-lookup", "3", "--threads", "1",
+    "--auto", "--predict", "--calibration-prompts", "1", "--calibration-tokens", "8",
+]  # fmt: skip
+DECODERS = ["hf_greedy", "hf_pld_k3", "core_greedy", "la_N3W3G3", "la_N3W3G3_pool", "pool_N3G2", "auto"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def keep_torch_threads():
+    """--threads sets torch's process-wide thread count; give other modules theirs back."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if not default_data_root().is_dir():
+        pytest.skip("no offline data")
+    out = tmp_path_factory.mktemp("bench")
+    benchmark.main([*ARGS, "--out", str(out)])
+    return out
+
+
+def read_rows(out: Path) -> pd.DataFrame:
+    return benchmark.load_rows(out / "rows.csv")
+
+
+@needs_data
+def test_rows_columns_and_lossless(run_dir: Path):
+    with open(run_dir / "rows.csv", newline="") as handle:
+        assert tuple(next(csv.reader(handle))) == benchmark.COLUMNS
+    df = read_rows(run_dir)
+    assert len(df) == 2 * len(DECODERS)
+    assert sorted(df["decoder"].unique()) == sorted(DECODERS)
+    assert df.groupby("item_id")["order"].apply(lambda o: sorted(o) == list(range(len(DECODERS)))).all()
+    assert df["matches_hf_greedy"].all() and df["matches_core_greedy"].all()
+    assert (df["new_tokens"] == 12).all()                    # the tiny model has no EOS
+    assert (df["decode_s"] > 0).all() and (df["decode_s"] < df["wall_s"]).all()
+    core = df[df["family"] == "core"]
+    assert core["accepted_hist"].notna().all() and core["step_tokens_hist"].notna().all()
+    greedy = df[df["decoder"].isin(["hf_greedy", "core_greedy"])]
+    assert (greedy["steps"] == 11).all() and (greedy["S"] == 1.0).all()
+
+
+@needs_data
+def test_summary_table_and_cost_model_outputs(run_dir: Path):
+    text = (run_dir / "summary.md").read_text()
+    for name in DECODERS:
+        assert f"| {name} |" in text
+    assert "speedup median" in text and "decoding=auto" in text
+    table = pd.read_csv(run_dir / "summary.csv")
+    assert {"tok_per_s", "tok_per_s_q1", "tok_per_s_q3", "S", "speedup_median", "speedup_sum", "overhead",
+            "match_hf_greedy"} <= set(table.columns)
+    assert table.set_index("decoder").loc["hf_greedy", "speedup_sum"] == pytest.approx(1.0)
+    assert (table["match_hf_greedy"] == 1.0).all()
+    pvm = pd.read_csv(run_dir / "predicted_vs_measured.csv")
+    assert {"la_N3W3G3", "la_N3W3G3_pool", "pool_N3G2"} <= set(pvm["decoder"])
+    assert (pvm[["predicted_calibration", "predicted_oracle_S", "measured"]] > 0).all().all()
+    for name in ("speedup.png", "predicted_vs_measured.png", "latency.csv", "calibration.csv"):
+        assert (run_dir / name).stat().st_size > 0
+
+
+@needs_data
+def test_rerun_resumes(run_dir: Path):
+    rows = run_dir / "rows.csv"
+    before = rows.read_text()
+    benchmark.main([*ARGS, "--out", str(run_dir)])
+    assert rows.read_text() == before                         # nothing left to do
+    lines = before.splitlines(keepends=True)
+    rows.write_text("".join(lines[:-1]))                      # the second prompt loses a row
+    benchmark.main([*ARGS, "--out", str(run_dir)])
+    df = read_rows(run_dir)
+    assert len(df) == 2 * len(DECODERS) and not df.duplicated(["item_id", "decoder"]).any()
+
+
+def test_summarize_by_hand():
+    def row(item, decoder, decode_s, steps, new=5):
+        return {"dataset": "d", "item_id": item, "decoder": decoder, "family": "core" if decoder != "hf_greedy" else "hf",
+                "N": None, "W": None, "G": None, "new_tokens": new, "steps": steps, "tokens_per_s": new / decode_s,
+                "decode_s": decode_s, "wall_s": decode_s + 1.0, "core_decode_s": decode_s, "overhead_frac": 0.1,
+                "matches_hf_greedy": True, "matches_core_greedy": True}
+
+    df = pd.DataFrame([row("1", "hf_greedy", 4.0, 4), row("2", "hf_greedy", 2.0, 4),
+                       row("1", "core_greedy", 2.0, 4), row("2", "core_greedy", 2.0, 4)])
+    for column in ("matches_hf_greedy", "matches_core_greedy"):
+        df[column] = df[column].astype("boolean")
+    table = benchmark.summarize(df).set_index("decoder")
+    assert table.loc["core_greedy", "speedup_median"] == pytest.approx(1.5)    # ratios 2 and 1
+    assert table.loc["core_greedy", "speedup_sum"] == pytest.approx(6.0 / 4.0)
+    assert table.loc["core_greedy", "speedup_e2e"] == pytest.approx(8.0 / 6.0)
+    assert table.loc["core_greedy", "S"] == pytest.approx(1.0)
+
+
+def test_decoder_order_rotates_and_names_parse():
+    decoders = benchmark.build_decoders([(5, 7, 7)], "both", [(4, 1)], [10])
+    assert [d.name for d in decoders] == ["hf_greedy", "hf_pld_k10", "core_greedy", "la_N5W7G7", "la_N5W7G7_pool",
+                                          "pool_N4G1"]
+    la = decoders[3].lookahead
+    assert (la.ngram, la.window, la.guess, la.prompt_pool) == (5, 7, 7, False)
+    assert [d.name for d in benchmark.rotated(decoders, 2)][:2] == ["core_greedy", "la_N5W7G7"]
+    assert benchmark.parse_ints("5,15,15", 3) == (5, 15, 15)
+    with pytest.raises(Exception):
+        benchmark.parse_ints("5,15", 3)
+    with pytest.raises(ValueError):
+        benchmark.build_decoders([(5, 7, 7), (5, 7, 7)], "off", [], [])
+
+
+def test_gpu_bench_tiny_runs_on_cpu(tmp_path: Path):
+    spec = importlib.util.spec_from_file_location("gpu_bench", repo_root() / "scripts" / "gpu_bench.py")
+    gpu_bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_bench)
+    acceptance = tmp_path / "rows.csv"
+    row = {column: "" for column in benchmark.COLUMNS}
+    row.update(model="m", dataset="d", item_id="1", decoder="la_N3W4G4", family="core", N="3", W="4", G="4",
+               prompt_pool="False", pool_only="False", new_tokens="33", steps="20", step_tokens_mean="10.5")
+    with open(acceptance, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=benchmark.COLUMNS)
+        writer.writeheader()
+        writer.writerow(row)
+    gpu_bench.main(["--tiny", "--device", "cpu", "--out", str(tmp_path / "out"), "--acceptance", str(acceptance)])
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "la_N3W4G4" in summary and "Projected speedup" in summary
+    projection = pd.read_csv(tmp_path / "out" / "projection_tiny.csv")
+    assert projection["S"].iloc[0] == pytest.approx(32 / 20)
+    assert (projection[["projected_forward_only", "projected_with_loop"]] > 0).all().all()
+    loops = pd.read_csv(tmp_path / "out" / "loop_tiny.csv")
+    assert set(loops["decoder"]) >= {"greedy", "la_N3W4G4"}
+    assert (loops.set_index("decoder").loc["la_N5W15G15", "tokens_per_step"]) > 60   # G candidates every step

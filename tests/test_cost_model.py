@@ -1,0 +1,156 @@
+"""The cost model on hand-computed latency curves, and decoding=auto on synthetic devices."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lookahead_core import DecodeLimits, LookaheadConfig
+from lookahead_core.cost_model import (
+    CostModel,
+    choose_config,
+    config_label,
+    default_grid,
+    logit_rows_for,
+    measure_latency,
+    step_shape,
+    upper_bound,
+)
+from lookahead_core.models import tiny_random_model
+
+# The worked example of REFERENCE.md: W=4, N=3, G=2 feeds 1 + 3 + 4 + 2*2 = 12 tokens; logits are
+# needed for the input row, the 4 last-level rows and the 4 candidate rows.
+EXAMPLE = LookaheadConfig(window=4, ngram=3, guess=2)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_latency_interpolates_and_extrapolates():
+    cost = CostModel(tokens=(1, 2, 4), seconds=(1.0, 2.0, 3.0))
+    assert cost.latency(1) == 1.0
+    assert cost.latency(0.5) == 1.0                  # clamped below the first size
+    assert cost.latency(3) == pytest.approx(2.5)
+    assert cost.latency(8) == pytest.approx(5.0)     # the last segment's slope, 0.5 per token
+    assert cost.relative() == [(1, 1.0), (2, 2.0), (4, 3.0)]
+
+
+def test_latency_scales_the_lm_head_share_with_logit_rows():
+    cost = CostModel(tokens=(1, 2, 4), seconds=(1.0, 2.0, 3.0), seconds_one_logit=(1.0, 1.5, 2.0))
+    assert cost.latency(4) == pytest.approx(3.0)
+    assert cost.latency(4, logit_rows=1) == pytest.approx(2.0)
+    assert cost.latency(4, logit_rows=2) == pytest.approx(2.0 + 1.0 / 3)
+    assert cost.latency(1, logit_rows=1) == 1.0
+
+
+@pytest.mark.parametrize("tokens, seconds", [((2, 4), (1.0, 2.0)), ((1, 4, 2), (1.0, 2.0, 3.0)), ((1, 2), (1.0, 0.0))])
+def test_invalid_curves_are_refused(tokens, seconds):
+    with pytest.raises(ValueError):
+        CostModel(tokens=tokens, seconds=seconds)
+
+
+def test_step_shapes_follow_the_layout():
+    assert step_shape(None) == (1, 1)
+    assert step_shape(EXAMPLE) == (12, 9)
+    assert step_shape(EXAMPLE, candidates=0) == (8, 5)
+    assert step_shape(EXAMPLE, candidates=5) == (12, 9)               # never more than G
+    assert step_shape(LookaheadConfig(window=1, ngram=4, guess=3, pool_only=True)) == (10, 10)
+    assert step_shape(LookaheadConfig(window=1, ngram=4, guess=3, pool_only=True), 0) == (1, 1)
+    assert logit_rows_for(EXAMPLE, 10) == 7                          # one candidate
+    assert logit_rows_for(EXAMPLE, 4) == 4                           # warm-up step: min(k, W + 1)
+    assert logit_rows_for(LookaheadConfig(window=1, ngram=4, guess=3, pool_only=True), 4) == 4
+
+
+def test_predict_by_hand():
+    cost = CostModel(tokens=(1, 12), seconds=(1.0, 2.1))
+    assert cost.predict(None, 3.0) == 1.0
+    assert cost.predict(EXAMPLE, 2.1) == pytest.approx(1.0)
+    assert cost.predict(EXAMPLE, 3.0) == pytest.approx(3.0 / 2.1)
+    # one candidate: 10 tokens, interpolated 1 + 1.1 * 9/11 = 1.9 s
+    assert cost.predict(EXAMPLE, 1.9, candidates=1) == pytest.approx(1.0)
+    with_host = CostModel(tokens=(1, 12), seconds=(1.0, 2.1), host_seconds=0.1)
+    assert with_host.predict(EXAMPLE, 2.0) == pytest.approx(2.0 * 1.1 / 2.2)
+
+
+def test_predict_steps_by_hand():
+    cost = CostModel(tokens=(1, 12), seconds=(1.0, 2.1))
+    # steps of 1 and 12 tokens committing 1 and 3: 4 tokens in 3.1 s against 4 greedy seconds
+    assert cost.predict_steps(EXAMPLE, [1, 12], [1, 3]) == pytest.approx(4 / 3.1)
+    assert cost.predict_steps(EXAMPLE, [1, 12], [1, 3], host_seconds=0.45) == pytest.approx(4 / 4.0)
+    assert cost.predict_steps(EXAMPLE, [], []) == 1.0
+    with pytest.raises(ValueError):
+        cost.predict_steps(EXAMPLE, [1], [1, 2])
+
+
+def test_upper_bound_by_hand():
+    cost = CostModel(tokens=(1, 12), seconds=(1.0, 2.1))
+    # best case: each step with one candidate (10 tokens, 1.9 s) commits N = 3 tokens
+    assert upper_bound(cost, EXAMPLE) == pytest.approx(3 / 1.9)
+
+
+def test_rows_round_trip():
+    cost = CostModel(tokens=(1, 2, 4), seconds=(1.0, 2.0, 3.0), seconds_one_logit=(1.0, 1.5, 2.0),
+                     host_seconds=0.01, device="cpu", kv_length=64)
+    assert CostModel.from_rows(cost.to_rows()) == cost
+    plain = CostModel(tokens=(1, 2), seconds=(1.0, 2.0))
+    assert CostModel.from_rows(plain.to_rows()) == plain
+
+
+def test_labels_and_grid():
+    assert config_label(None) == "greedy"
+    assert config_label(LookaheadConfig(window=15, ngram=5, guess=15, prompt_pool=True)) == "la_N5W15G15_pool"
+    assert config_label(LookaheadConfig(window=1, ngram=4, guess=3, pool_only=True)) == "pool_N4G3"
+    labels = [config_label(c) for c in default_grid()]
+    assert len(labels) == len(set(labels)) and any(label.startswith("pool_") for label in labels)
+
+
+# ---------------------------------------------------------------------------------------------
+# On a tiny model
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return tiny_random_model("llama", seed=1)
+
+
+def repetitive_prompts(vocab: int) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(0)
+    prompts = []
+    for _ in range(2):
+        motif = torch.randint(0, vocab, (6,), generator=gen).tolist()
+        noise = torch.randint(0, vocab, (12,), generator=gen).tolist()
+        prompts.append(motif + noise[:6] + motif + noise[6:])
+    return prompts
+
+
+def test_measure_latency_on_a_tiny_model(tiny):
+    cost = measure_latency(tiny, sizes=(1, 4, 16), kv_length=8, repeats=1)
+    assert cost.tokens == (1, 4, 16) and cost.kv_length == 8
+    assert all(s > 0 for s in cost.seconds) and all(s > 0 for s in cost.seconds_one_logit)
+
+
+def test_auto_picks_greedy_when_big_forwards_are_expensive(tiny):
+    # A CPU caricature: a forward of k tokens costs k forwards of one. No step can win.
+    steep = CostModel(tokens=(1, 256), seconds=(1.0, 256.0))
+    chosen, report = choose_config(tiny, repetitive_prompts(tiny.config.vocab_size), DecodeLimits(24), cost_model=steep)
+    assert chosen is None
+    assert all(c.predicted is None or c.predicted <= 1.0 + 1e-3 for c in report.candidates)
+    assert sum(c.status == "pruned" for c in report.candidates) >= 8   # hopeless configs never ran
+    assert "greedy" in report.to_markdown()
+
+
+def test_auto_picks_lookahead_when_big_forwards_are_free(tiny):
+    # A GPU caricature: a forward of 256 tokens costs what one costs, so any S > 1 wins.
+    flat = CostModel(tokens=(1, 256), seconds=(1.0, 1.0))
+    chosen, report = choose_config(tiny, repetitive_prompts(tiny.config.vocab_size), DecodeLimits(32),
+                                   cost_model=flat, prune=False)
+    assert isinstance(chosen, LookaheadConfig)
+    best = max(report.candidates, key=lambda c: c.predicted or 0.0)
+    assert best.config == chosen and best.predicted > 1.0 and best.compression > 1.0
+    assert best.predicted == pytest.approx(best.compression, rel=0.01)   # host time is negligible at 1 s/step
+    assert len(report.rows()) == len(default_grid()) + 1

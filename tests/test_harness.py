@@ -1,0 +1,170 @@
+"""End to end on a tiny random model: CSV rows, resume after a crash, report, notebook, sweep."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pandas as pd
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from nbclient import NotebookClient
+
+from experiments import report, runner
+from experiments.datasets import default_data_root, repo_root
+from experiments.schema import register_configs
+
+pytestmark = pytest.mark.skipif(not default_data_root().is_dir(), reason="no offline data")
+
+register_configs()
+# One thread: on a busy 2-core machine, two threads make each tiny forward ~50x slower (spin waits).
+TINY = ["model=tiny_llama", "threads=1", "warmup=0", "decoding.window=3", "decoding.ngram=3", "decoding.guess=3"]
+MTBENCH = ["experiment=mtbench", "dataset.limit=2", "experiment.max_new_tokens=24"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def keep_torch_threads():
+    """The runner sets torch's (process-wide) thread count; give other test modules theirs back."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def run(tmp_path: Path, *overrides: str) -> Path:
+    with initialize_config_dir(config_dir=str(repo_root() / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=[*TINY, f"results_dir={tmp_path / 'raw'}", *overrides])
+    return runner.run(cfg)
+
+
+def read_rows(path: Path) -> pd.DataFrame:
+    return report.load_results([path])
+
+
+def assert_complete(df: pd.DataFrame, items: int, turns: int) -> None:
+    assert len(df) == items * turns * 2
+    assert not df.duplicated(["item_id", "turn", "decoder"]).any()
+
+
+@pytest.fixture(scope="module")
+def mtbench_csv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return run(tmp_path_factory.mktemp("mtbench"), *MTBENCH, "warmup=1", "repeats=2")
+
+
+def test_mtbench_two_turns_rows(mtbench_csv: Path) -> None:
+    with open(mtbench_csv, newline="") as handle:
+        assert tuple(next(csv.reader(handle))) == runner.COLUMNS
+    df = read_rows(mtbench_csv)
+    assert_complete(df, items=2, turns=2)
+    assert set(df["decoder"]) == {"greedy", "lookahead"} and set(df["turn"]) == {1, 2}
+    lookahead = df[~df["baseline"]]
+    assert lookahead["matches_greedy"].all() and df[df["baseline"]]["matches_greedy"].isna().all()
+    assert (lookahead[["W", "N", "G"]] == 3).all().all() and df[df["baseline"]]["W"].isna().all()
+    second = df[df["turn"] == 2]
+    assert (second["prefill_tokens"] < second["prompt_tokens"]).all(), "turn 2 did not reuse turn 1's KV"
+    assert (df["new_tokens"] == 24).all() and (df["S"] >= 1).all()
+    assert (df["tokens_per_s"] - df["new_tokens"] / df["decode_s"]).abs().max() < 1e-6
+    assert df["text"].str.len().gt(0).all() and df["git_commit"].notna().all()
+
+
+def test_humaneval_rows_are_scored(tmp_path: Path) -> None:
+    path = run(tmp_path, "experiment=humaneval", "dataset.limit=2", "experiment.max_new_tokens=16")
+    df = read_rows(path)
+    assert_complete(df, items=2, turns=1)
+    assert df["passed"].notna().all() and df["rouge1"].isna().all()
+    assert df[~df["baseline"]]["matches_greedy"].all()
+
+
+@pytest.mark.parametrize("experiment,metric", [
+    ("cnndm", "rouge1"), ("xsum", "rougeL"), ("mbpp", "passed"), ("classeval", "passed"),
+])
+def test_every_dataset_runs_and_is_scored(tmp_path: Path, experiment: str, metric: str) -> None:
+    path = run(tmp_path, f"experiment={experiment}", "dataset.limit=1", "experiment.max_new_tokens=12")
+    df = read_rows(path)
+    assert_complete(df, items=1, turns=1)
+    assert df[metric].notna().all()
+    sampled = experiment in ("cnndm", "xsum")   # the reference samples summaries at temperature 1
+    assert (df["temperature"] == (1.0 if sampled else 0.0)).all()
+    assert set(df["decoder"]) == ({"sampling", "lookahead"} if sampled else {"greedy", "lookahead"})
+    assert df["matches_greedy"].isna().all() if sampled else df[~df["baseline"]]["matches_greedy"].all()
+
+
+def test_a_crash_loses_nothing_and_a_rerun_duplicates_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real_run_item = runner.run_item
+    calls: list[str] = []
+
+    class Crash(Exception):
+        pass
+
+    def crash_on_second(session, item, index):
+        if calls:
+            raise Crash
+        calls.append(item.item_id)
+        return real_run_item(session, item, index)
+
+    overrides = ["experiment=mtbench", "experiment.max_new_tokens=24", "dataset.turns=1"]
+    monkeypatch.setattr(runner, "run_item", crash_on_second)
+    with pytest.raises(Crash):
+        run(tmp_path, *overrides, "dataset.limit=3")
+    path = next((tmp_path / "raw").rglob("*.csv"))
+    assert_complete(read_rows(path), items=1, turns=1)
+
+    def counting(session, item, index):
+        calls.append(item.item_id)
+        return real_run_item(session, item, index)
+
+    monkeypatch.setattr(runner, "run_item", counting)
+    assert run(tmp_path, *overrides, "dataset.limit=3") == path
+    assert calls == ["81", "82", "83"], "the finished item was run again"
+    assert_complete(read_rows(path), items=3, turns=1)
+
+    # A half-written item (one row of its pair) and a torn last line are dropped and redone.
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines[:-1]) + lines[-1][:20])
+    calls.clear()
+    run(tmp_path, *overrides, "dataset.limit=3")
+    assert calls == ["83"]
+    assert_complete(read_rows(path), items=3, turns=1)
+    # A larger subset of the same settings extends the same file.
+    run(tmp_path, *overrides, "dataset.limit=4")
+    assert calls == ["83", "84"]
+    assert_complete(read_rows(path), items=4, turns=1)
+
+
+def test_report_tables_and_plots(mtbench_csv: Path, tmp_path: Path) -> None:
+    markdown = report.write_report([mtbench_csv.parent], tmp_path).read_text()
+    assert "speedup" in markdown and "lookahead_w3_n3_g3" in markdown
+    table = pd.read_csv(tmp_path / "summary.csv")
+    assert table.loc[0, "items"] == 2 and table.loc[0, "rows"] == 4 and table.loc[0, "matches_greedy"] == 1.0
+    for name in ("speedup.png", "accepted_hist.png"):
+        assert (tmp_path / name).stat().st_size > 0
+    assert not list(tmp_path.glob("scaling_*.png")), "a scaling curve needs two windows"
+
+
+@pytest.mark.slow
+def test_notebook_executes(mtbench_csv: Path, tmp_path: Path) -> None:
+    notebook = nbformat.read(repo_root() / "notebooks" / "analysis.ipynb", as_version=4)
+    parameters = next(cell for cell in notebook.cells if "parameters" in cell.metadata.get("tags", []))
+    parameters.source = f"RESULTS = [{str(mtbench_csv)!r}]\nPLOTS = {str(tmp_path)!r}"
+    NotebookClient(notebook, timeout=120, kernel_name="python3",
+                   resources={"metadata": {"path": str(repo_root() / "notebooks")}}).execute()
+    assert (tmp_path / "speedup.png").exists()
+
+
+@pytest.mark.slow
+def test_multirun_sweep_through_the_entry_point(tmp_path: Path) -> None:
+    command = [
+        sys.executable, "run.py", "-m", *TINY[:-3], "experiment=mtbench", "dataset.limit=1", "dataset.turns=1",
+        "experiment.max_new_tokens=8", "decoding.window=2,3", "decoding.ngram=3", "decoding.guess=2",
+        f"results_dir={tmp_path / 'raw'}", f"hydra.sweep.dir={tmp_path / 'multirun'}",
+    ]
+    done = subprocess.run(command, cwd=repo_root(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    names = sorted(path.name.split("-")[0] for path in (tmp_path / "raw").rglob("*.csv"))
+    assert names == ["lookahead_w2_n3_g2", "lookahead_w3_n3_g2"]
+    assert len(list((tmp_path / "multirun").glob("*/.hydra/config.yaml"))) == 2
+    report.write_report([tmp_path / "raw"], tmp_path / "report")
+    assert (tmp_path / "report" / "scaling_mtbench_tiny_llama_lookahead.png").exists()
