@@ -6,13 +6,16 @@
     >>> out.tokens, out.stats.compression
 
 ``decode(model, ids)`` with no lookahead config is the greedy baseline through the same loop.
+Pass a ``CausalLM(model)`` instead of the model to skip re-inspecting it on every call.
 """
 
 from .config import DecodeLimits, LookaheadConfig, SamplingConfig
 from .decoder import DecodeOutput, DecodeState, DecodeStats, decode
+from .model_io import CausalLM
 from .pool import NGramPool
 
 __all__ = [
+    "CausalLM",
     "DecodeLimits",
     "DecodeOutput",
     "DecodeState",

@@ -9,6 +9,7 @@ One loop serves every mode. Each step:
 
 from __future__ import annotations
 
+import copy
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -53,7 +54,11 @@ class DecodeStats:
 
 @dataclass
 class DecodeState:
-    """A conversation in progress: KV of ``cached_tokens`` and, optionally, the n-gram pool."""
+    """A conversation in progress: KV of ``cached_tokens`` and, optionally, the n-gram pool.
+
+    ``decode`` takes the state over: it crops and extends the cache and grows the pool in place.
+    To decode twice from the same state (repeated timings), pass ``state.copy()``.
+    """
 
     cache: object | None
     cached_tokens: list[int]
@@ -63,6 +68,9 @@ class DecodeState:
     def with_pool(cls, pool: NGramPool) -> "DecodeState":
         """A fresh conversation that starts from an existing (e.g. pre-filled) pool."""
         return cls(cache=None, cached_tokens=[], pool=pool)
+
+    def copy(self) -> "DecodeState":
+        return copy.deepcopy(self)
 
 
 @dataclass

@@ -183,7 +183,9 @@ def test_second_turn_reuses_the_cache_and_equals_a_fresh_decode(llama):
     turn1 = repetitive_prompt(llama.config.vocab_size, seed=12)
     first = decode(llama, turn1, config, limits)
     turn2 = turn1 + first.tokens + [3, 1, 4, 1, 5]
+    replay = decode(llama, turn2, config, limits, state=first.state.copy())
     second = decode(llama, turn2, config, limits, state=first.state)
+    assert replay.tokens == second.tokens and replay.stats.accepted == second.stats.accepted
     assert second.stats.prefill_tokens == 5 + 1      # the new user tokens plus the last answer token
     assert second.tokens == greedy(llama, turn2, limits)
     # A conversation edited in the middle only reuses the common prefix.
