@@ -378,8 +378,10 @@ def summarize(df: pd.DataFrame, baseline: str = HF_GREEDY) -> pd.DataFrame:
         first = group.iloc[0]
         q1, q3 = _iqr(group["tokens_per_s"])
         row = {
-            "decoder": name, "N": first["N"], "W": first["W"], "G": first["G"],
+            "decoder": name, "config": cm.config_label(_config_from_row(first)) if first["family"] == "core" else "",
+            "N": first["N"], "W": first["W"], "G": first["G"],
             "prompts": len(group), "new_tokens": group["new_tokens"].mean(),
+            "tokens_per_step": group["step_tokens_mean"].mean() if group["step_tokens_mean"].notna().any() else None,
             "S": group["new_tokens"].sub(1).sum() / group["steps"].sum() if group["steps"].sum() else 1.0,
             "tok_per_s": group["tokens_per_s"].median(), "tok_per_s_q1": q1, "tok_per_s_q3": q3,
             "speedup_median": (paired["decode_s_base"] / paired["decode_s"]).median(),
@@ -403,14 +405,15 @@ def summary_markdown(table: pd.DataFrame, title: str) -> str:
     lines = [
         f"### {title}",
         "",
-        "| decoder | N | W | G | prompts | S | tok/s median [IQR] | speedup median | speedup sum | "
+        "| decoder | N | W | G | prompts | S | tokens/step | tok/s median [IQR] | speedup median | speedup sum | "
         "speedup e2e | vs core greedy | overhead | match HF greedy |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for _, r in table.iterrows():
+        name = f"auto = {r['config']}" if r["decoder"] == "auto" else r["decoder"]
         lines.append(
-            f"| {r['decoder']} | {num(r['N'], '.0f')} | {num(r['W'], '.0f')} | {num(r['G'], '.0f')} | {r['prompts']} | "
-            f"{r['S']:.2f} | {r['tok_per_s']:.2f} [{r['tok_per_s_q1']:.2f}-{r['tok_per_s_q3']:.2f}] | "
+            f"| {name} | {num(r['N'], '.0f')} | {num(r['W'], '.0f')} | {num(r['G'], '.0f')} | {r['prompts']} | "
+            f"{r['S']:.2f} | {num(r['tokens_per_step'], '.1f')} | {r['tok_per_s']:.2f} [{r['tok_per_s_q1']:.2f}-{r['tok_per_s_q3']:.2f}] | "
             f"{r['speedup_median']:.2f}x | {r['speedup_sum']:.2f}x | {r['speedup_e2e']:.2f}x | "
             f"{num(r.get('speedup_vs_core'), '.2f')} | {100 * r['overhead']:.1f}% | "
             f"{num(r['match_hf_greedy'], '.0%')} |"
