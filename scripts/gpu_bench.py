@@ -247,7 +247,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=None, help="timed rounds per size (default 10, tiny 2)")
     parser.add_argument("--loop-steps", type=int, default=None, help="decode steps timed per config (default 48, tiny 8)")
     parser.add_argument("--configs", nargs="*", default=None, help="N,W,G triples for the loop timing")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's; tiny: 1)")
     args = parser.parse_args(argv)
+    threads = args.threads or (1 if args.tiny else None)
+    if threads:
+        torch.set_num_threads(threads)
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type != "cuda" and not args.tiny:
@@ -298,7 +302,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
         summary += [
             f"## {shape} ({sum(p.numel() for p in model.parameters()) / 1e9:.2f} B parameters)\n",
-            "Forward latency (model only, CUDA events), KV length "
+            f"Forward latency (model only, {'CUDA events' if device.type == 'cuda' else 'wall clock'}), KV length "
             f"{kv_length}:\n\n" + markdown([{"k": r["tokens"], "ms": 1e3 * r["seconds"], "t(k)/t(1)": r["ratio"],
                                              "core path ms": 1e3 * wall.latency(r["tokens"])} for r in latency],
                                            ["k", "ms", "t(k)/t(1)", "core path ms"]),
