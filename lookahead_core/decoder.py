@@ -164,7 +164,8 @@ def _step(lm: CausalLM, cache, tokens: list[int], window: JacobiWindow | None,
     fed = [x] + (window.tokens() if window else []) + [t for c in cands for t in c]
 
     t0 = time.perf_counter()
-    logits = lm.forward(cache, fed, layout.offsets, layout.visible, past, layout.logit_rows)  # (r, V)
+    visible = None if layout.causal else layout.visible           # None: the model's own causal mask
+    logits = lm.forward(cache, fed, layout.offsets, visible, past, layout.logit_rows)  # (r, V)
     if logits.is_cuda:
         torch.cuda.synchronize(logits.device)
     stats.model_seconds += time.perf_counter() - t0
@@ -210,9 +211,9 @@ def _prefill(lm: CausalLM, prompt: list[int], state: DecodeState | None,
     else:
         cache, reuse = lm.new_cache(), 0
     fresh = prompt[reuse:]
-    offsets, visible = causal_layout(len(fresh))
+    offsets, _ = causal_layout(len(fresh))
     t0 = time.perf_counter()
-    logits = lm.forward(cache, fresh, offsets, visible, reuse, torch.tensor([len(fresh) - 1]))
+    logits = lm.forward(cache, fresh, offsets, None, reuse, torch.tensor([len(fresh) - 1]))
     stats.prefill_seconds = time.perf_counter() - t0
     stats.prefill_tokens = len(fresh)
     return cache, logits[0]

@@ -41,6 +41,7 @@ class StepLayout:
     verify_logits: torch.Tensor    # (max(c, 1), N) index into logit_rows of the logits that
                                    # predict candidate token k (k < N-1) and the bonus token (k = N-1);
                                    # with no candidates, (1, 1): the input token's row
+    causal: bool = False           # rows form a plain causal chain (greedy, one candidate, no window)
 
     @property
     def size(self) -> int:
@@ -108,6 +109,7 @@ def step_layout(window: int, levels: int, candidates: int, candidate_len: int) -
         logit_rows=logit_rows,
         last_level_logits=torch.searchsorted(logit_rows, last_level_rows),
         verify_logits=torch.searchsorted(logit_rows, predicting_rows),
+        causal=bool(torch.equal(offsets, torch.arange(q)) and torch.equal(visible, visible.new_ones(q, q).tril())),
     )
 
 

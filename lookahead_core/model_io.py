@@ -21,10 +21,13 @@ _FULL, _SLIDING = "full_attention", "sliding_attention"
 class CausalLM:
     """A Hugging Face causal LM seen through ``model(input_ids, position_ids, attention_mask, cache)``.
 
-    Every step passes an explicit float 4-D mask per attention type, so the model never builds
-    its own, and a plain ``DynamicCache`` that keeps every position: sliding-window layers get the
-    window from the mask instead of from a cache that drops old rows, which keeps KV commits a
-    simple re-index.
+    A step whose rows branch (window, several candidates) passes an explicit float 4-D mask per
+    attention type. A step that is a plain causal chain (the prefill, greedy steps, one candidate
+    and no window) passes none: the model builds its own causal mask, which lets SDPA take its
+    unmasked kernel for 1-token steps, as ``generate`` does. The cache is a plain ``DynamicCache``
+    that keeps every position: sliding-window layers get the window from the mask (ours, or the
+    model's own, built from the same positions) instead of from a cache that drops old rows, which
+    keeps KV commits a simple re-index.
     """
 
     def __init__(self, model: torch.nn.Module) -> None:
@@ -60,18 +63,28 @@ class CausalLM:
         cache: DynamicCache,
         tokens: list[int],
         offsets: torch.Tensor,
-        visible: torch.Tensor,
+        visible: torch.Tensor | None,
         position: int,
         logit_rows: torch.Tensor,
     ) -> torch.Tensor:
-        """Feed ``tokens`` at ``position + offsets`` after the cache; return logits (r, V) of ``logit_rows``."""
+        """Feed ``tokens`` at ``position + offsets`` after the cache; return logits (r, V) of ``logit_rows``.
+
+        ``visible=None`` declares the tokens a causal chain right after the cache (``offsets`` =
+        0..q-1, ``position`` = cache length): the model then builds its own mask.
+        """
         past = cache.get_seq_length()
         device = self.device
-        masks = {
-            kind: attention_mask(offsets, visible, past, position, sliding_window=window, dtype=self.dtype, device=device)
-            for kind, window in self.windows.items()
-        }
-        mask = next(iter(masks.values())) if len(masks) == 1 else masks
+        if visible is None:
+            if position != past:
+                raise ValueError(f"a causal chain must start right after the cache ({past}), not at {position}")
+            mask = None
+        else:
+            masks = {
+                kind: attention_mask(offsets, visible, past, position, sliding_window=window, dtype=self.dtype,
+                                     device=device)
+                for kind, window in self.windows.items()
+            }
+            mask = next(iter(masks.values())) if len(masks) == 1 else masks
         kwargs = {self._cache_kw: cache}
         if self._keeps_logits:
             kwargs["logits_to_keep"] = logit_rows.to(device)

@@ -112,3 +112,18 @@ def test_causal_layout_is_lower_triangular():
     offsets, visible = causal_layout(4)
     assert offsets.tolist() == [0, 1, 2, 3]
     assert visible.tolist() == [[j <= i for j in range(4)] for i in range(4)]
+
+
+@pytest.mark.parametrize("window,levels,candidates,cand_len,causal", [
+    (0, 0, 0, 0, True),     # greedy: the input token alone
+    (0, 0, 1, 2, True),     # pool-only, one candidate: a chain
+    (0, 0, 2, 2, False),    # two candidates branch
+    (4, 2, 0, 0, False),    # a window branches
+    (4, 2, 1, 2, False),
+])
+def test_causal_flag_marks_plain_chains_only(window, levels, candidates, cand_len, causal):
+    layout = step_layout(window, levels, candidates, cand_len)
+    assert layout.causal is causal
+    if causal:
+        offsets, visible = causal_layout(layout.size)
+        assert torch.equal(layout.offsets, offsets) and torch.equal(layout.visible, visible)

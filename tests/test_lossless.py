@@ -208,3 +208,27 @@ def test_unsupported_inputs_are_refused(llama):
     flash = SimpleNamespace(config=SimpleNamespace(_attn_implementation="flash_attention_2"))
     with pytest.raises(ValueError, match="flash_attention_2"):
         decode(flash, [1, 2, 3], LookaheadConfig())
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("arch", ["mistral", "gemma3"])
+def test_model_built_causal_mask_equals_the_explicit_one(arch, attn):
+    """Chains skip our mask (visible=None); the model's own mask must give the same logits,
+    sliding windows included (cache of 20 > window 8)."""
+    from lookahead_core.layout import causal_layout
+    from lookahead_core.model_io import CausalLM
+
+    lm = CausalLM(tiny_random_model(arch, seed=4, sliding_window=8, attn_implementation=attn))
+    prompt = repetitive_prompt(lm.model.config.vocab_size, length=20)
+    outs = []
+    for explicit in (True, False):
+        cache = lm.new_cache()
+        offsets, visible = causal_layout(len(prompt))
+        first = lm.forward(cache, prompt, offsets, visible if explicit else None, 0, torch.arange(len(prompt)))
+        offsets, visible = causal_layout(3)
+        step = lm.forward(cache, [5, 6, 7], offsets, visible if explicit else None, len(prompt), torch.arange(3))
+        outs.append((first, step))
+    torch.testing.assert_close(outs[0][0], outs[1][0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(outs[0][1], outs[1][1], rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="causal chain"):
+        lm.forward(lm.new_cache(), [1, 2], torch.arange(2), None, 3, torch.arange(2))
