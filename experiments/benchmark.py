@@ -56,6 +56,7 @@ from lookahead_core import DecodeLimits, LookaheadConfig, decode
 from lookahead_core import cost_model as cm
 from lookahead_core import models as model_loader
 
+from . import autotune
 from .datasets import Item, get_dataset
 from .tiny_tokenizer import ByteTokenizer
 
@@ -540,37 +541,14 @@ def _method_note(meta: dict, df: pd.DataFrame) -> str:
 
 def calibrate(session: Session, prompts: list[list[int]], tokens: int, core: Sequence[Decoder],
               auto: bool, predict: bool, out: Path) -> dict:
-    """Run (or reload) ``choose_config``: the default grid when ``auto``, plus the benchmarked
+    """Run (or reload) the calibration: the default grid when ``auto``, plus the benchmarked
     configs when ``predict`` (these are never pruned, so each gets a prediction)."""
-    path = out / "calibration.json"
-    if path.exists():
-        return json.loads(path.read_text())
-    grid: list[LookaheadConfig] = list(cm.default_grid()) if auto else []
     always = [d.lookahead for d in core if d.lookahead is not None] if predict else []
-    grid += [c for c in always if c not in grid]
     limits = DecodeLimits(max_new_tokens=tokens, eos_token_ids=session.eos)
-    bar = tqdm(desc="calibrating", total=None, leave=False)
-    chosen, report = cm.choose_config(
-        session.model, prompts, limits, grid, always_calibrate=always,
-        progress=lambda message: (bar.set_postfix_str(message), bar.update(1)),
-    )
-    bar.close()
-    result = {
-        "chosen": cm.config_label(chosen),
-        "chosen_config": None if chosen is None else {
-            "window": chosen.window, "ngram": chosen.ngram, "guess": chosen.guess,
-            "prompt_pool": chosen.prompt_pool, "pool_only": chosen.pool_only},
-        "latency": report.cost_model.to_rows(),
-        "candidates": report.rows(),
-        "markdown": "#### decoding=auto / cost model calibration\n\n" + report.to_markdown()
-                    + "\n\nForward latency t(k)/t(1) on this device: "
-                    + ", ".join(f"{k}: {r:.2f}" for k, r in report.cost_model.relative()),
-    }
-    out.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=1, default=str) + "\n")
-    pd.DataFrame(result["latency"]).to_csv(out / "latency.csv", index=False)
-    pd.DataFrame(result["candidates"]).to_csv(out / "calibration.csv", index=False)
-    return result
+    record = autotune.calibrate(session.model, prompts, limits, out / "calibration.json",
+                                grid=None if auto else [], always=always)
+    autotune.write_tables(record, out)
+    return record
 
 
 # ---------------------------------------------------------------------------------------------
@@ -596,8 +574,7 @@ def run(args: argparse.Namespace) -> Path:
         calibration = calibrate(session, prompts, args.calibration_tokens, core, args.auto, args.predict, out)
     auto: LookaheadConfig | None | bool = False
     if args.auto:
-        chosen = calibration["chosen_config"]
-        auto = None if chosen is None else LookaheadConfig(**chosen)
+        auto = autotune.chosen_config(calibration)
     decoders = build_decoders(args.configs, args.pool, args.pool_only, args.prompt_lookup, auto)
 
     meta = {"model": args.model, "dataset": args.dataset, "offset": args.offset, "limit": args.limit,

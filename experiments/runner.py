@@ -19,7 +19,7 @@ import re
 import statistics
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ from tqdm import tqdm
 from lookahead_core import DecodeLimits, DecodeOutput, DecodeState, decode
 from lookahead_core import models as model_loader
 
-from . import report
+from . import autotune, report
 from .datasets import DatasetAdapter, Item, get_dataset, repo_root
 from .metrics import extract_code, rouge_scores, truncate_at_stop
 from .sandbox import check_classeval, check_humaneval, check_mbpp
@@ -71,6 +71,8 @@ def run(cfg: DictConfig) -> Path:
           f"{len(items) - len(todo)} of {len(items)} items already in {store.path}")
     if todo:
         session = Session.start(settings, adapter)
+        if settings.auto is not None:
+            session.settings = choose_auto(session, items, store.path.with_suffix(".auto.json"))
         session.warm_up(todo[0][1])
         progress = Progress(len(todo), f"{settings.experiment}/{settings.model.name}/{settings.config_tag}")
         for index, item in todo:
@@ -81,6 +83,41 @@ def run(cfg: DictConfig) -> Path:
     table = report.summarize(report.load_results([store.path]))
     print(report.to_markdown(table, report.SUMMARY_COLUMNS))
     return store.path
+
+
+def choose_auto(session: Session, items: Sequence[Item], record_path: Path) -> RunSettings:
+    """``decoding=auto``: the settings with the candidate decoder replaced by the cost model's pick.
+
+    Calibration uses first turns of items outside the evaluated range (right after it, else right
+    before it); only when the run covers the whole dataset does it fall back to its first items,
+    and says so. The record is saved at ``record_path`` and reloaded by a rerun.
+    """
+    settings = session.settings
+    assert settings.auto is not None
+    calibration = calibration_items(session.adapter, settings, items)
+    prompts = [session.prompt_ids(item, 0, ()) for item in calibration]
+    limits = replace(settings.limits, max_new_tokens=settings.auto.calibration_tokens)
+    sampling = None if settings.sampling.greedy else settings.sampling
+    record = autotune.calibrate(session.model, prompts, limits, record_path, sampling=sampling)
+    chosen = autotune.chosen_config(record, seed=settings.seed)
+    print(f"decoding=auto chose {record['chosen']} (calibration record: {record_path})")
+    return replace(settings, candidate=Decoder("auto", chosen))
+
+
+def calibration_items(adapter: DatasetAdapter, settings: RunSettings, items: Sequence[Item]) -> list[Item]:
+    """``calibration_items`` items not in ``items``: the ones after the range, else before it."""
+    assert settings.auto is not None
+    want, dataset = settings.auto.calibration_items, settings.dataset
+    root, source = settings.data_root, dataset.source.value
+    after = adapter.load(root, want, dataset.offset + len(items), source)
+    before = adapter.load(root, min(want, dataset.offset), max(0, dataset.offset - want), source) \
+        if dataset.offset else []
+    chosen = (list(after) + list(before))[:want]
+    if not chosen:
+        print(f"decoding=auto: every item of {dataset.name} is evaluated; calibrating on the first "
+              f"{want} of them (in-sample)")
+        chosen = list(items[:want])
+    return chosen
 
 
 def resolve_device(device: str) -> str:

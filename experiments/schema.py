@@ -106,6 +106,11 @@ class DecodingConfig:
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
+    # decoding=auto: the cost model picks (W, N, G), pool-only or greedy on calibration items that
+    # are not evaluated (the ones right after the evaluated range); window/ngram/guess are ignored.
+    auto: bool = False
+    calibration_items: int = 2
+    calibration_tokens: int = 64
 
 
 @dataclass
@@ -137,11 +142,16 @@ class Decoder:
     """One side of a comparison: the baseline (``lookahead is None``) or the decoder under test."""
 
     name: str
-    lookahead: LookaheadConfig | None
+    lookahead: LookaheadConfig | None      # None: plain greedy / sampling through the core's loop
+    is_baseline: bool = False
 
-    @property
-    def is_baseline(self) -> bool:
-        return self.lookahead is None
+
+@dataclass(frozen=True)
+class AutoSettings:
+    """``decoding=auto``: how much to calibrate before the run picks its decoder."""
+
+    calibration_items: int
+    calibration_tokens: int
 
 
 @dataclass(frozen=True)
@@ -165,6 +175,7 @@ class RunSettings:
     warmup: int
     threads: int | None
     score: bool
+    auto: AutoSettings | None = None       # the candidate is "auto"; its config is chosen at run time
 
     @property
     def decoders(self) -> tuple[Decoder, ...]:
@@ -186,6 +197,8 @@ class RunSettings:
             "limits": [self.limits.max_new_tokens, list(self.limits.stop_strings)],
             "run": [self.device, self.repeats, self.threads, self.score],
         }
+        if self.auto is not None:
+            payload["auto"] = asdict(self.auto)
         blob = json.dumps(payload, sort_keys=True, default=str)
         # The "h" stops CSV readers from parsing a hash such as "951e9898" as a number.
         return "h" + hashlib.sha1(blob.encode()).hexdigest()[:8]
@@ -230,9 +243,15 @@ def to_settings(cfg: DictConfig, *, device: str | None = None) -> RunSettings:
     decoding = run.decoding
     sampling = _build("decoding", SamplingConfig, temperature=decoding.temperature, top_k=decoding.top_k,
                       top_p=decoding.top_p, seed=run.seed)
-    baseline = Decoder("greedy" if sampling.greedy else "sampling", None)
-    candidate = None
-    if decoding.lookahead:
+    baseline = Decoder("greedy" if sampling.greedy else "sampling", None, is_baseline=True)
+    candidate = auto = None
+    if decoding.auto:
+        _check(decoding.lookahead, "decoding.lookahead", "true with decoding.auto", decoding.lookahead)
+        _check(decoding.calibration_items >= 1, "decoding.calibration_items", ">= 1", decoding.calibration_items)
+        _check(decoding.calibration_tokens >= 1, "decoding.calibration_tokens", ">= 1", decoding.calibration_tokens)
+        auto = AutoSettings(decoding.calibration_items, decoding.calibration_tokens)
+        candidate = Decoder("auto", None)
+    elif decoding.lookahead:
         lookahead = _build("decoding", LookaheadConfig, window=decoding.window, ngram=decoding.ngram,
                            guess=decoding.guess, prompt_pool=decoding.prompt_pool, pool_only=decoding.pool_only,
                            keep_pool=decoding.keep_pool, seed=run.seed)
@@ -264,6 +283,7 @@ def to_settings(cfg: DictConfig, *, device: str | None = None) -> RunSettings:
         warmup=run.warmup,
         threads=run.threads,
         score=run.experiment.score,
+        auto=auto,
     )
 
 

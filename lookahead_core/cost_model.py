@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from .config import DecodeLimits, LookaheadConfig
+from .config import DecodeLimits, LookaheadConfig, SamplingConfig
 from .decoder import DecodeStats, decode
 from .layout import causal_layout, step_layout
 from .model_io import CausalLM, truncate_kv
@@ -212,7 +212,9 @@ def measure_latency(
     Each size is timed ``repeats`` times (median), after one untimed round; the sizes are visited in
     a rotating order so that slow drifts of a shared machine spread over all sizes. The cache is cut
     back to ``kv_length`` after every forward. Timing is wall clock with the device synchronized,
-    i.e. what the decode loop sees (mask building and host-device copies included).
+    i.e. what the decode loop sees (host-device copies included). The k tokens are fed as a causal
+    chain, as greedy and one-candidate steps run (the model builds the mask); steps that branch
+    also build our mask on the host, which the calibration's host time per step accounts for.
     """
     lm = model if isinstance(model, CausalLM) else CausalLM(model)
     sizes = sorted(set(int(k) for k in sizes) | {1})
@@ -220,8 +222,8 @@ def measure_latency(
     gen = torch.Generator().manual_seed(seed)
     cache = lm.new_cache()
     prefix = torch.randint(0, vocab, (max(kv_length, 1),), generator=gen).tolist()
-    offsets, visible = causal_layout(len(prefix))
-    lm.forward(cache, prefix, offsets, visible, 0, torch.tensor([len(prefix) - 1]))
+    offsets, _ = causal_layout(len(prefix))
+    lm.forward(cache, prefix, offsets, None, 0, torch.tensor([len(prefix) - 1]))
     past = len(prefix)
     variants = [False, True] if one_logit else [False]
     times: dict[tuple[int, bool], list[float]] = {(k, v): [] for k in sizes for v in variants}
@@ -230,11 +232,11 @@ def measure_latency(
         shift = round_index % len(keys)
         for k, single in keys[shift:] + keys[:shift]:
             tokens = torch.randint(0, vocab, (k,), generator=gen).tolist()
-            offsets, visible = causal_layout(k)
+            offsets, _ = causal_layout(k)
             rows = torch.tensor([k - 1]) if single else torch.arange(k)
             _synchronize(lm.device)
             start = time.perf_counter()
-            lm.forward(cache, tokens, offsets, visible, past, rows)
+            lm.forward(cache, tokens, offsets, None, past, rows)
             _synchronize(lm.device)
             elapsed = time.perf_counter() - start
             truncate_kv(cache, past)
@@ -328,11 +330,11 @@ def upper_bound(cost: CostModel, config: LookaheadConfig, host_seconds: float | 
     return max(greedy / bare, config.ngram * greedy / with_one)
 
 
-def _run_prompts(model, prompts, config, limits) -> tuple[DecodeStats, float]:
+def _run_prompts(model, prompts, config, limits, sampling=None) -> tuple[DecodeStats, float]:
     """Decode every prompt; returns the merged per-step record and the wall seconds of the loops."""
     merged = DecodeStats()
     for prompt in prompts:
-        stats = decode(model, prompt, config, limits).stats
+        stats = decode(model, prompt, config, limits, sampling).stats
         merged.steps += stats.steps
         merged.step_tokens += stats.step_tokens
         merged.accepted += stats.accepted
@@ -352,6 +354,7 @@ def choose_config(
     always_calibrate: Sequence[LookaheadConfig] = (),
     min_speedup: float = 1.0,
     kv_length: int | None = None,
+    sampling: SamplingConfig | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> tuple[LookaheadConfig | None, ChoiceReport]:
     """Pick the config of ``grid`` (default :func:`default_grid`) predicted fastest on this device.
@@ -368,7 +371,9 @@ def choose_config(
     4. The best prediction wins if it exceeds ``min_speedup``; otherwise greedy (``None``).
 
     S grows with the length of the text (the pool fills up), so S from short calibrations is a
-    slight underestimate for long generations. Returns ``(config or None, ChoiceReport)``.
+    slight underestimate for long generations. With ``sampling``, every calibration decode samples
+    with it (acceptance under sampling is lower than under greedy). Returns
+    ``(config or None, ChoiceReport)``.
     """
     if not calibration_prompts:
         raise ValueError("choose_config needs at least one calibration prompt")
@@ -385,7 +390,7 @@ def choose_config(
 
     say("calibrating greedy")
     decode(lm, calibration_prompts[0], None, replace(limits, max_new_tokens=min(8, limits.max_new_tokens)))  # warm-up
-    greedy_stats, greedy_seconds = _run_prompts(lm, calibration_prompts, None, limits)
+    greedy_stats, greedy_seconds = _run_prompts(lm, calibration_prompts, None, limits, sampling)
     greedy_host = max(0.0, greedy_stats.decode_seconds - greedy_stats.model_seconds) / max(greedy_stats.steps, 1)
     cost_model = replace(cost_model, host_seconds=greedy_host)
     greedy_per_token = greedy_seconds / max(sum(greedy_stats.accepted), 1)
@@ -401,7 +406,7 @@ def choose_config(
             results.append(Calibration(config, "pruned", bound))
             continue
         say(f"calibrating {config_label(config)}")
-        stats, seconds = _run_prompts(lm, calibration_prompts, config, limits)
+        stats, seconds = _run_prompts(lm, calibration_prompts, config, limits, sampling)
         host = max(0.0, stats.decode_seconds - stats.model_seconds) / max(stats.steps, 1)
         predicted = cost_model.predict_steps(config, stats.step_tokens, stats.accepted, host_seconds=host)
         per_token = seconds / max(sum(stats.accepted), 1)

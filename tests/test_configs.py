@@ -10,7 +10,7 @@ from hydra import compose, initialize_config_dir
 
 from experiments import runner
 from experiments.datasets import default_data_root, repo_root
-from experiments.schema import ConfigError, RunSettings, register_configs, to_settings
+from experiments.schema import ConfigError, Decoder, RunSettings, register_configs, to_settings
 from lookahead_core import DecodeLimits, LookaheadConfig, SamplingConfig
 
 CONF = repo_root() / "conf"
@@ -37,8 +37,11 @@ def no_model_loads(monkeypatch: pytest.MonkeyPatch) -> None:
 def check_settings(settings: RunSettings) -> None:
     assert isinstance(settings.sampling, SamplingConfig)
     assert isinstance(settings.limits, DecodeLimits)
-    assert settings.baseline.lookahead is None
-    assert settings.candidate is None or isinstance(settings.candidate.lookahead, LookaheadConfig)
+    assert settings.baseline.lookahead is None and settings.baseline.is_baseline
+    if settings.auto is not None:  # the candidate's config is chosen when the model is loaded
+        assert settings.candidate == Decoder("auto", None) and settings.auto.calibration_items >= 1
+    else:
+        assert settings.candidate is None or isinstance(settings.candidate.lookahead, LookaheadConfig)
     assert settings.results_path().suffix == ".csv"
 
 
@@ -65,6 +68,7 @@ def test_the_default_is_the_small_demo() -> None:
     ("lookahead_pool", "greedy", "lookahead_pool", "lookahead_pool_w15_n5_g15"),
     ("pool_only", "greedy", "pool_only", "pool_only_n5_g15"),
     ("lookahead_sampling", "sampling", "lookahead", "lookahead_w15_n5_g15_t1_k0_p1"),
+    ("auto", "greedy", "auto", "auto"),
 ])
 def test_decoders_and_tags(decoding: str, baseline: str, candidate: str | None, tag: str) -> None:
     settings = to_settings(compose_config("experiment=mtbench", f"decoding={decoding}"))
@@ -115,11 +119,14 @@ def test_smollm2_grid_ties_guess_to_window() -> None:
     ("dataset.options.variant=weird", "dataset.options"),
     ("device=gpu", "device"),
     ("repeats=0", "repeats"),
+    ("decoding=auto decoding.calibration_items=0", "decoding.calibration_items"),
+    ("decoding=auto decoding.calibration_tokens=0", "decoding.calibration_tokens"),
+    ("decoding=auto decoding.lookahead=false", "decoding.lookahead"),
 ])
 def test_bad_values_fail_naming_the_key_before_any_model_loads(override: str, key: str) -> None:
     extra = ["experiment=mbpp"] if override.startswith("dataset.options") else []
     with pytest.raises(Exception) as caught:
-        runner.run(compose_config(*extra, override))
+        runner.run(compose_config(*extra, *override.split()))
     assert not isinstance(caught.value, AssertionError), "the model was loaded before the config was checked"
     assert key in str(caught.value)
 

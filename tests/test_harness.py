@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -168,3 +169,62 @@ def test_multirun_sweep_through_the_entry_point(tmp_path: Path) -> None:
     assert len(list((tmp_path / "multirun").glob("*/.hydra/config.yaml"))) == 2
     report.write_report([tmp_path / "raw"], tmp_path / "report")
     assert (tmp_path / "report" / "scaling_mtbench_tiny_llama_lookahead.png").exists()
+
+
+def test_decoding_auto_calibrates_outside_the_range_and_a_rerun_reuses_the_pick(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from lookahead_core import cost_model
+
+    real_choose = cost_model.choose_config
+    seen: list[int] = []
+
+    def recording(model, prompts, limits, grid=None, **kwargs):
+        seen.append(len(prompts))
+        # A small grid keeps the test fast; the choice logic is tested in test_cost_model.py.
+        return real_choose(model, prompts, limits, cost_model.default_grid()[:2] + cost_model.default_grid()[-5:-3],
+                           **kwargs)
+
+    monkeypatch.setattr(cost_model, "choose_config", recording)
+    calibration_ids: list[str] = []
+    real_items = runner.calibration_items
+    monkeypatch.setattr(runner, "calibration_items",
+                        lambda *a: calibration_ids.extend(i.item_id for i in real_items(*a)) or real_items(*a))
+    overrides = ["experiment=mtbench", "dataset.limit=2", "dataset.turns=1", "experiment.max_new_tokens=16",
+                 "decoding=auto", "decoding.calibration_tokens=8"]
+    path = run(tmp_path, *overrides)
+    record = path.with_suffix(".auto.json")
+    assert path.name.startswith("auto-") and record.is_file() and seen == [2]
+    assert calibration_ids == ["83", "84"], "calibration must use items that are not evaluated"
+    df = read_rows(path)
+    assert_complete(df, items=2, turns=1)
+    assert set(df["decoder"]) == {"greedy", "auto"} and df[~df["baseline"]]["matches_greedy"].all()
+    chosen = json.loads(record.read_text())["chosen_config"]
+    auto_rows = df[df["decoder"] == "auto"]
+    if chosen is None:
+        assert auto_rows["N"].isna().all()
+    else:
+        assert (auto_rows["N"] == chosen["ngram"]).all() and (auto_rows["pool_only"] == chosen["pool_only"]).all()
+
+    # A larger subset resumes the same file with the recorded pick: no second calibration.
+    assert run(tmp_path, *overrides[:1], "dataset.limit=3", *overrides[2:]) == path
+    assert seen == [2]
+    assert_complete(read_rows(path), items=3, turns=1)
+
+
+def test_auto_calibration_items_fall_back_before_the_range_then_in_sample(tmp_path: Path) -> None:
+    from experiments.datasets import get_dataset
+    from experiments.schema import to_settings
+
+    with initialize_config_dir(config_dir=str(repo_root() / "conf"), version_base="1.3"):
+        def settings(*overrides):
+            return to_settings(compose("config", overrides=[*TINY, "experiment=humaneval", "decoding=auto",
+                                                            *overrides]))
+        adapter = get_dataset("humaneval")
+        everything = adapter.load(default_data_root())
+        last = settings(f"dataset.offset={len(everything) - 2}")
+        items = adapter.load(default_data_root(), None, len(everything) - 2)
+        picked = runner.calibration_items(adapter, last, items)
+        assert [i.item_id for i in picked] == [i.item_id for i in everything[-4:-2]]
+        whole = settings()
+        picked = runner.calibration_items(adapter, whole, everything)
+        assert [i.item_id for i in picked] == [i.item_id for i in everything[:2]]

@@ -1,0 +1,77 @@
+"""``decoding=auto``: calibrate on prompts that are not evaluated, pick (W, N, G), remember the pick.
+
+The choice itself is :func:`lookahead_core.cost_model.choose_config`; this module runs it for the
+harness and the benchmark and stores its record (latency curve, every candidate's S and predicted
+speedup, the pick) as JSON beside the results. A rerun of the same command reloads that record
+instead of calibrating again, so a resumed run keeps decoding with the config it started with.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+from tqdm import tqdm
+
+from lookahead_core import cost_model as cm
+from lookahead_core.config import DecodeLimits, LookaheadConfig, SamplingConfig
+
+CONFIG_FIELDS = ("window", "ngram", "guess", "prompt_pool", "pool_only")
+
+
+def calibrate(
+    model,
+    prompts: list[list[int]],
+    limits: DecodeLimits,
+    path: Path,
+    *,
+    grid: Sequence[LookaheadConfig] | None = None,
+    always: Sequence[LookaheadConfig] = (),
+    sampling: SamplingConfig | None = None,
+) -> dict:
+    """Run ``choose_config`` (or reload its record from ``path``) and return the record.
+
+    ``grid`` defaults to the cost model's default grid; configs in ``always`` are calibrated even
+    when their upper bound says they cannot win, so that each gets a prediction to check.
+    """
+    path = Path(path)
+    if path.exists():
+        return json.loads(path.read_text())
+    grid = list(cm.default_grid() if grid is None else grid)
+    grid += [c for c in always if c not in grid]
+    with tqdm(desc="decoding=auto: calibrating", total=None, leave=False) as bar:
+        chosen, report = cm.choose_config(
+            model, prompts, limits, grid, always_calibrate=list(always), sampling=sampling,
+            progress=lambda message: (bar.set_postfix_str(message), bar.update(1)),
+        )
+    record = {
+        "chosen": cm.config_label(chosen),
+        "chosen_config": None if chosen is None else {f: getattr(chosen, f) for f in CONFIG_FIELDS},
+        "calibration_prompts": len(prompts),
+        "calibration_tokens": limits.max_new_tokens,
+        "latency": report.cost_model.to_rows(),
+        "candidates": report.rows(),
+        "markdown": "#### decoding=auto / cost model calibration\n\n" + report.to_markdown()
+                    + "\n\nForward latency t(k)/t(1) on this device: "
+                    + ", ".join(f"{k}: {r:.2f}" for k, r in report.cost_model.relative()),
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(path.suffix + ".partial")
+    partial.write_text(json.dumps(record, indent=1, default=str) + "\n")
+    partial.replace(path)
+    return record
+
+
+def chosen_config(record: dict, seed: int = 0) -> LookaheadConfig | None:
+    """The pick of a calibration record; ``None`` means greedy was predicted fastest."""
+    chosen = record["chosen_config"]
+    return None if chosen is None else LookaheadConfig(**chosen, seed=seed)
+
+
+def write_tables(record: dict, folder: Path) -> None:
+    """``latency.csv`` and ``calibration.csv`` of a record, for plots and notebooks."""
+    folder.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(record["latency"]).to_csv(folder / "latency.csv", index=False)
+    pd.DataFrame(record["candidates"]).to_csv(folder / "calibration.csv", index=False)
