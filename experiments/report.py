@@ -21,7 +21,7 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.figure import Figure
 
-from .metrics import ROUGE_TYPES, pass_at_k_report
+from .metrics import ROUGE_TYPES, bootstrap_ci, pass_at_k_report
 
 GROUP = ["experiment", "model", "device", "dtype", "config", "settings"]
 PAIR = ["item_id", "turn", "seed"]
@@ -37,6 +37,10 @@ QUALITY_COLUMNS = [
     *ROUGE_TYPES, *(f"{kind}_base" for kind in ROUGE_TYPES),
     *(f"pass@{k}" for k in PASS_KS), *(f"pass@{k}_base" for k in PASS_KS),
 ]  # fmt: skip
+# ROUGE means come with 95% percentile-bootstrap intervals over rows (``<kind>_lo``/``_hi``, the
+# baseline's ``<kind>_base_lo``/``_hi``) and, for the decoder under test, the paired per-row
+# difference to the baseline (``<kind>_diff`` with ``_diff_lo``/``_diff_hi``): an interval that
+# contains 0 means the two decoders' summaries score the same within the sample's resolution.
 
 
 def find_csvs(paths: Iterable[str | Path]) -> list[Path]:
@@ -96,11 +100,22 @@ def _summarize_group(keys: tuple, group: pd.DataFrame) -> dict:
             speedup_median=(paired["decode_s_base"] / paired["decode_s"]).median(),
         )
         row.update(_quality(base, suffix="_base"))
+        for kind in ROUGE_TYPES:
+            both = paired[[kind, f"{kind}_base"]].dropna()
+            if len(both):
+                diff = both[kind] - both[f"{kind}_base"]
+                row[f"{kind}_diff"] = diff.mean()
+                row[f"{kind}_diff_lo"], row[f"{kind}_diff_hi"] = bootstrap_ci(diff.to_numpy())
     return row
 
 
 def _quality(rows: pd.DataFrame, suffix: str) -> dict:
-    quality = {f"{kind}{suffix}": rows[kind].mean() for kind in ROUGE_TYPES if rows[kind].notna().any()}
+    quality = {}
+    for kind in ROUGE_TYPES:
+        values = rows[kind].dropna()
+        if len(values):
+            quality[f"{kind}{suffix}"] = values.mean()
+            quality[f"{kind}{suffix}_lo"], quality[f"{kind}{suffix}_hi"] = bootstrap_ci(values.to_numpy())
     scored = rows[rows["passed"].notna()]
     if len(scored):
         samples = {item: list(group["passed"].astype(bool)) for item, group in scored.groupby("item_id")}
@@ -223,7 +238,30 @@ def write_report(paths: Iterable[str | Path], out_dir: str | Path) -> Path:
 def _quality_section(table: pd.DataFrame) -> str:
     if not any(column in table for column in QUALITY_COLUMNS):
         return "No quality metric applies to these datasets (ROUGE: cnndm, xsum; pass@k: code)."
-    return to_markdown(table, ["experiment", "model", "config", *QUALITY_COLUMNS])
+    sections = [to_markdown(table, ["experiment", "model", "config", *QUALITY_COLUMNS])]
+    rouge = rouge_table(table)
+    if not rouge.empty:
+        sections.append("ROUGE F1 with 95% bootstrap intervals; 'difference' is decoder minus baseline, "
+                        "paired per row (an interval containing 0: no measurable difference).\n\n"
+                        + rouge.to_markdown(index=False))
+    return "\n\n".join(sections)
+
+
+def rouge_table(table: pd.DataFrame) -> pd.DataFrame:
+    """Per run setup and ROUGE type: decoder, baseline and paired difference as 'mean [lo, hi]'."""
+    def cell(row: pd.Series, column: str) -> str:
+        if column not in row or pd.isna(row[column]):
+            return ""
+        return f"{row[column]:.3f} [{row[f'{column}_lo']:.3f}, {row[f'{column}_hi']:.3f}]"
+
+    lines = []
+    for _, row in table.iterrows():
+        for kind in ROUGE_TYPES:
+            if kind in row and pd.notna(row[kind]):
+                lines.append({"experiment": row["experiment"], "model": row["model"], "config": row["config"],
+                              "items": row["items"], "ROUGE": kind, "decoder": cell(row, kind),
+                              "baseline": cell(row, f"{kind}_base"), "difference": cell(row, f"{kind}_diff")})
+    return pd.DataFrame(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

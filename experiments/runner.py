@@ -29,7 +29,7 @@ from jinja2 import TemplateError
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from lookahead_core import DecodeLimits, DecodeOutput, DecodeState, decode
+from lookahead_core import DecodeLimits, DecodeOutput, DecodeState, SamplingConfig, decode
 from lookahead_core import models as model_loader
 
 from . import autotune, report
@@ -62,6 +62,9 @@ def run(cfg: DictConfig) -> Path:
     items = adapter.load(settings.data_root, settings.dataset.limit, settings.dataset.offset,
                          settings.dataset.source.value)
     _check_prompt_format(items, settings.prompt_format)
+    if settings.item_temperature and not any("temperature" in item.extra for item in items):
+        raise ConfigError(f"decoding.item_temperature: {settings.dataset.name} items carry no temperature "
+                          "(only mtbench does)")
     plan = {item.item_id: expected_keys(adapter, item, settings) for item in items}
     store = ResultStore(settings.results_path(), plan)
     # The index in the subset (not in the to-do list) sets the decoder order, so a resumed run
@@ -208,11 +211,19 @@ class Session:
         except TemplateError:  # templates such as Gemma's reject a system message
             return render(system_role=False)
 
+    def sampling(self, item: Item) -> SamplingConfig:
+        """The run's sampling settings, at the item's own temperature with ``item_temperature``."""
+        sampling = self.settings.sampling
+        if self.settings.item_temperature and "temperature" in item.extra:
+            sampling = replace(sampling, temperature=float(item.extra["temperature"]))
+        return sampling
+
     def decode_once(self, ids: list[int], decoder: Decoder, state: DecodeState | None,
-                    limits: DecodeLimits | None = None) -> tuple[DecodeOutput, float]:
+                    limits: DecodeLimits | None = None,
+                    sampling: SamplingConfig | None = None) -> tuple[DecodeOutput, float]:
         start = time.perf_counter()
-        out = decode(self.model, ids, decoder.lookahead, limits or self.settings.limits, self.settings.sampling,
-                     state=state, tokenizer=self.tokenizer)
+        out = decode(self.model, ids, decoder.lookahead, limits or self.settings.limits,
+                     sampling or self.settings.sampling, state=state, tokenizer=self.tokenizer)
         return out, time.perf_counter() - start
 
     def warm_up(self, item: Item) -> None:
@@ -222,7 +233,7 @@ class Session:
                               self.settings.limits.eos_token_ids)
         for _ in range(self.settings.warmup):
             for decoder in self.settings.decoders:
-                self.decode_once(ids, decoder, None, limits)
+                self.decode_once(ids, decoder, None, limits, self.sampling(item))
 
     def text(self, tokens: list[int]) -> str:
         return self.tokenizer.decode(tokens, skip_special_tokens=True)
@@ -243,6 +254,7 @@ def run_item(session: Session, item: Item, index: int) -> list[dict[str, Any]]:
     """Every turn of one item with each decoder; returns its rows (baseline rows first)."""
     settings = session.settings
     decoders = settings.decoders
+    sampling = session.sampling(item)
     order = decoders if index % 2 == 0 else decoders[::-1]
     states: dict[str, DecodeState | None] = {d.name: None for d in decoders}
     answers: dict[str, list[str]] = {d.name: [] for d in decoders}
@@ -256,7 +268,7 @@ def run_item(session: Session, item: Item, index: int) -> list[dict[str, Any]]:
                 state = states[decoder.name]
                 # Each repeat must start from the same conversation: decode() extends the cache.
                 state = copy.deepcopy(state) if state is not None and settings.repeats > 1 else state
-                out, wall = session.decode_once(prompts[decoder.name], decoder, state)
+                out, wall = session.decode_once(prompts[decoder.name], decoder, state, sampling=sampling)
                 outputs.setdefault(decoder.name, out)   # every repeat yields the same tokens (seeded)
                 seconds[decoder.name].append((out.stats.prefill_seconds, out.stats.decode_seconds, wall))
         results = {name: Timed(outputs[name], len(prompts[name]), *map(statistics.median, zip(*seconds[name])))
@@ -264,12 +276,12 @@ def run_item(session: Session, item: Item, index: int) -> list[dict[str, Any]]:
         for decoder in decoders:
             states[decoder.name] = results[decoder.name].output.state
             answers[decoder.name].append(session.text(results[decoder.name].output.tokens))
-        rows += _turn_rows(session, item, turn_index + 1, results, answers)
+        rows += _turn_rows(session, item, turn_index + 1, results, answers, sampling)
     return rows
 
 
 def _turn_rows(session: Session, item: Item, turn: int, results: dict[str, Timed],
-               answers: dict[str, list[str]]) -> list[dict[str, Any]]:
+               answers: dict[str, list[str]], sampling: SamplingConfig) -> list[dict[str, Any]]:
     settings = session.settings
     baseline = results[settings.baseline.name].output.tokens
     scores: dict[tuple[int, ...], dict[str, Any]] = {}
@@ -281,9 +293,10 @@ def _turn_rows(session: Session, item: Item, turn: int, results: dict[str, Timed
         if settings.score and tuple(tokens) not in scores:  # same tokens, same score: run the sandbox once
             scores[tuple(tokens)] = score(session.adapter, item, text, settings.prompt_format)
         matches = None
-        if not decoder.is_baseline and settings.sampling.greedy:  # sampled outputs differ by design
+        if not decoder.is_baseline and sampling.greedy:  # sampled outputs differ by design
             matches = tokens == baseline
-        rows.append(_row(session, item, turn, decoder, timed, text, matches, scores.get(tuple(tokens), {})))
+        row = _row(session, item, turn, decoder, timed, text, matches, scores.get(tuple(tokens), {}))
+        rows.append({**row, "temperature": sampling.temperature})
     return rows
 
 

@@ -106,6 +106,9 @@ class DecodingConfig:
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
+    # Sample each item at the temperature its dataset gives (MT-Bench: FastChat's per-category
+    # table; 0 means greedy for that item); ``temperature`` is the fallback for items without one.
+    item_temperature: bool = False
     # decoding=auto: the cost model picks (W, N, G), pool-only or greedy on calibration items that
     # are not evaluated (the ones right after the evaluated range); window/ngram/guess are ignored.
     auto: bool = False
@@ -175,6 +178,7 @@ class RunSettings:
     warmup: int
     threads: int | None
     score: bool
+    item_temperature: bool = False         # items may carry their own temperature (MT-Bench)
     auto: AutoSettings | None = None       # the candidate is "auto"; its config is chosen at run time
 
     @property
@@ -199,6 +203,8 @@ class RunSettings:
         }
         if self.auto is not None:
             payload["auto"] = asdict(self.auto)
+        if self.item_temperature:
+            payload["item_temperature"] = True
         blob = json.dumps(payload, sort_keys=True, default=str)
         # The "h" stops CSV readers from parsing a hash such as "951e9898" as a number.
         return "h" + hashlib.sha1(blob.encode()).hexdigest()[:8]
@@ -243,7 +249,8 @@ def to_settings(cfg: DictConfig, *, device: str | None = None) -> RunSettings:
     decoding = run.decoding
     sampling = _build("decoding", SamplingConfig, temperature=decoding.temperature, top_k=decoding.top_k,
                       top_p=decoding.top_p, seed=run.seed)
-    baseline = Decoder("greedy" if sampling.greedy else "sampling", None, is_baseline=True)
+    greedy = sampling.greedy and not decoding.item_temperature
+    baseline = Decoder("greedy" if greedy else "sampling", None, is_baseline=True)
     candidate = auto = None
     if decoding.auto:
         _check(decoding.lookahead, "decoding.lookahead", "true with decoding.auto", decoding.lookahead)
@@ -274,7 +281,7 @@ def to_settings(cfg: DictConfig, *, device: str | None = None) -> RunSettings:
         candidate=candidate,
         sampling=sampling,
         limits=limits,
-        config_tag=config_tag(candidate or baseline, sampling),
+        config_tag=config_tag(candidate or baseline, sampling, item_temperature=decoding.item_temperature),
         data_root=_resolve(root, run.data_root),
         results_dir=_resolve(root, run.results_dir),
         device=device or run.device,
@@ -283,6 +290,7 @@ def to_settings(cfg: DictConfig, *, device: str | None = None) -> RunSettings:
         warmup=run.warmup,
         threads=run.threads,
         score=run.experiment.score,
+        item_temperature=decoding.item_temperature,
         auto=auto,
     )
 
@@ -292,14 +300,17 @@ def with_eos(settings: RunSettings, eos_token_ids: tuple[int, ...]) -> RunSettin
     return replace(settings, limits=replace(settings.limits, eos_token_ids=eos_token_ids))
 
 
-def config_tag(decoder: Decoder, sampling: SamplingConfig) -> str:
-    """A readable name of the decoding setup, e.g. ``lookahead_w15_n5_g15`` or ``sampling_t1_k0_p1``."""
+def config_tag(decoder: Decoder, sampling: SamplingConfig, *, item_temperature: bool = False) -> str:
+    """A readable name of the decoding setup, e.g. ``lookahead_w15_n5_g15`` or ``sampling_t1_k0_p1``
+    (``t-item`` when each item brings its own temperature)."""
     parts = [decoder.name]
     if decoder.lookahead is not None:
         if not decoder.lookahead.pool_only:
             parts.append(f"w{decoder.lookahead.window}")
         parts += [f"n{decoder.lookahead.ngram}", f"g{decoder.lookahead.guess}"]
-    if not sampling.greedy:
+    if item_temperature:
+        parts += ["t-item", f"k{sampling.top_k}", f"p{sampling.top_p:g}"]
+    elif not sampling.greedy:
         parts += [f"t{sampling.temperature:g}", f"k{sampling.top_k}", f"p{sampling.top_p:g}"]
     return "_".join(parts)
 

@@ -228,3 +228,21 @@ def test_auto_calibration_items_fall_back_before_the_range_then_in_sample(tmp_pa
         whole = settings()
         picked = runner.calibration_items(adapter, whole, everything)
         assert [i.item_id for i in picked] == [i.item_id for i in everything[:2]]
+
+
+def test_fastchat_category_temperatures(tmp_path: Path) -> None:
+    """Item 100 is roleplay (T=0.7, sampled), 101 reasoning (T=0: greedy, so lookahead == greedy)."""
+    path = run(tmp_path, "experiment=mtbench", "decoding=lookahead_fastchat", "dataset.offset=19",
+               "dataset.limit=2", "dataset.turns=1", "experiment.max_new_tokens=16")
+    assert "t-item" in path.name
+    df = read_rows(path).set_index(["item_id", "decoder"])
+    assert df.loc[("100", "sampling"), "temperature"] == 0.7 and df.loc[("101", "sampling"), "temperature"] == 0.0
+    assert pd.isna(df.loc[("100", "lookahead"), "matches_greedy"])
+    assert df.loc[("101", "lookahead"), "matches_greedy"]
+
+
+def test_item_temperatures_need_a_dataset_that_has_them(tmp_path: Path) -> None:
+    from experiments.schema import ConfigError
+
+    with pytest.raises(ConfigError, match=r"decoding\.item_temperature"):
+        run(tmp_path, "experiment=humaneval", "decoding=lookahead_fastchat", "dataset.limit=1")
