@@ -522,6 +522,62 @@ def write_report(out: Path) -> str:
     return text
 
 
+CODE_DATASETS = ("humaneval", "mbpp", "classeval")
+
+
+def collect(root: Path) -> pd.DataFrame:
+    """One row per run folder under ``root``: auto's pick and speedups against HF greedy and HF
+    prompt lookup (its best k), with the issue's goals checked."""
+    rows = []
+    for rows_csv in sorted(root.glob("*/rows.csv")):
+        df = load_rows(rows_csv)
+        if df.empty or "auto" not in set(df["decoder"]):
+            continue
+        table = summarize(df).set_index("decoder")
+        auto = table.loc["auto"]
+        pld = table[table.index.str.startswith("hf_pld")]
+        best_pld = pld["speedup_sum"].idxmax() if len(pld) else None
+        dataset = df["dataset"].iloc[0]
+        row = {
+            "model": df["model"].iloc[0], "dataset": dataset, "prompts": int(auto["prompts"]),
+            "auto_pick": auto["config"], "auto_S": auto["S"],
+            "auto_speedup": auto["speedup_sum"], "auto_speedup_median": auto["speedup_median"],
+            "pld": best_pld, "pld_S": pld.loc[best_pld, "S"] if best_pld else None,
+            "pld_speedup": pld.loc[best_pld, "speedup_sum"] if best_pld else None,
+            "core_greedy_speedup": table.loc[CORE_GREEDY, "speedup_sum"] if CORE_GREEDY in table.index else None,
+            "match_hf_greedy": table["match_hf_greedy"].min(),
+        }
+        row["goal_not_slower"] = row["auto_speedup"] >= 1.0
+        row["goal_code_1.3x"] = row["auto_speedup"] >= 1.3 if dataset in CODE_DATASETS else None
+        row["goal_beats_pld"] = row["auto_speedup"] > row["pld_speedup"] if best_pld else None
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def write_collection(root: Path) -> str:
+    """``goals.md``/``goals.csv``/``goals.png`` in ``root``: every run folder's auto against HF."""
+    table = collect(root)
+    if table.empty:
+        return "(no run folders with an auto decoder)"
+    table.to_csv(root / "goals.csv", index=False)
+    models = list(dict.fromkeys(table["model"]))
+    fig = Figure(figsize=(4.5 * len(models), 3.8), layout="tight")
+    axes = fig.subplots(1, len(models), squeeze=False)[0]
+    for ax, model in zip(axes, models):
+        part = table[table["model"] == model].set_index("dataset")
+        part[["pld_speedup", "core_greedy_speedup", "auto_speedup"]].rename(columns={
+            "pld_speedup": "HF prompt lookup", "core_greedy_speedup": "core greedy", "auto_speedup": "auto",
+        }).plot.bar(ax=ax, rot=30)
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set(title=model, xlabel="", ylabel="speedup over HF greedy (ratio of sums)")
+        ax.legend(fontsize="small")
+    fig.savefig(root / "goals.png", dpi=110)
+    text = ("### decoding=auto against transformers (speedup over `generate` greedy, ratio of summed decode time)\n\n"
+            + table.to_markdown(index=False, floatfmt=".2f") + "\n\n![goals](goals.png)\n")
+    (root / "goals.md").write_text(text, encoding="utf-8")
+    return text
+
+
 def _method_note(meta: dict, df: pd.DataFrame) -> str:
     return (
         f"{df['item_id'].nunique()} prompts x {df['decoder'].nunique()} decoders, max {int(df['max_new_tokens'].iloc[0])} "
@@ -736,9 +792,13 @@ def profile(args: argparse.Namespace) -> Path:
 
 def main(argv: Sequence[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
-    command = argv.pop(0) if argv and argv[0] in ("run", "report", "profile") else "run"
+    command = argv.pop(0) if argv and argv[0] in ("run", "report", "profile", "collect") else "run"
     parser = argparse.ArgumentParser(prog=f"python -m experiments.benchmark {command}",
                                      description=__doc__.split("\n\n")[0])
+    if command == "collect":
+        parser.add_argument("root", help="folder whose subfolders are benchmark runs with --auto")
+        print(write_collection(Path(parser.parse_args(argv).root)))
+        return
     if command == "report":
         parser.add_argument("--out", required=True)
         print(write_report(Path(parser.parse_args(argv).out)))

@@ -145,3 +145,22 @@ def test_gpu_bench_tiny_runs_on_cpu(tmp_path: Path):
     loops = pd.read_csv(tmp_path / "out" / "loop_tiny.csv")
     assert set(loops["decoder"]) >= {"greedy", "la_N3W4G4"}
     assert (loops.set_index("decoder").loc["la_N5W15G15", "tokens_per_step"]) > 60   # G candidates every step
+
+
+@needs_data
+def test_collect_checks_the_goals_per_run_folder(run_dir: Path, tmp_path: Path):
+    import shutil
+
+    root = tmp_path / "runs"
+    shutil.copytree(run_dir, root / "tiny_mtbench")
+    (root / "empty").mkdir()                                  # folders without rows are skipped
+    text = benchmark.main(["collect", str(root)])
+    assert text is None and (root / "goals.png").is_file()
+    goals = pd.read_csv(root / "goals.csv")
+    summary = benchmark.summarize(read_rows(run_dir)).set_index("decoder")
+    row = goals.iloc[0]
+    assert (row["model"], row["dataset"], row["pld"]) == ("tiny-llama", "mtbench", "hf_pld_k3")
+    assert row["auto_speedup"] == pytest.approx(summary.loc["auto", "speedup_sum"])
+    assert row["goal_not_slower"] == (row["auto_speedup"] >= 1.0)
+    assert row["goal_beats_pld"] == (row["auto_speedup"] > summary.loc["hf_pld_k3", "speedup_sum"])
+    assert pd.isna(row["goal_code_1.3x"])                     # mtbench is not a code set
