@@ -133,16 +133,18 @@ def attention_mask(
     The committed cache holds positions 0..past_len-1 (one KV row per position). A sliding-window
     layer additionally hides every key whose position is ``sliding_window`` or more behind the query,
     the same rule transformers applies (``kv_idx > q_idx - sliding_window``).
+
+    Built on ``device``: only the (q,) offsets and the (q, q) pattern are copied there, never the
+    (q, past_len + q) mask, which grows with the context.
     """
     q = offsets.numel()
-    query_pos = position + offsets                                    # (q,)
-    key_pos = torch.cat([torch.arange(past_len), query_pos])          # (past + q,)
-    allowed = torch.ones(q, past_len + q, dtype=torch.bool)
-    allowed[:, past_len:] = visible
+    blocked = torch.finfo(dtype).min
+    mask = torch.zeros(q, past_len + q, dtype=dtype, device=device)
+    mask[:, past_len:].masked_fill_(~visible.to(device), blocked)
     if sliding_window is not None:
-        allowed &= (query_pos[:, None] - key_pos[None, :]) < sliding_window
-    mask = torch.zeros(q, past_len + q, dtype=dtype)
-    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-    return mask.to(device)[None, None]
+        query_pos = position + offsets.to(device)                                          # (q,)
+        key_pos = torch.cat([torch.arange(past_len, device=device), query_pos])            # (past + q,)
+        mask.masked_fill_((query_pos[:, None] - key_pos[None, :]) >= sliding_window, blocked)
+    return mask[None, None]
 
 
