@@ -209,7 +209,9 @@ def measure_latency(
 ) -> CostModel:
     """Time ``CausalLM.forward`` of k random tokens after a ``kv_length``-token cache, for each k.
 
-    Each size is timed ``repeats`` times (median), after one untimed round; the sizes are visited in
+    Each size is timed ``repeats`` times and the fastest time is kept (on a shared machine other jobs
+    only ever add time, and a few interfered rounds bend a median-based curve enough to flip
+    ``choose_config``'s pick), after one untimed round; the sizes are visited in
     a rotating order so that slow drifts of a shared machine spread over all sizes. The cache is cut
     back to ``kv_length`` after every forward. Timing is wall clock with the device synchronized,
     i.e. what the decode loop sees (host-device copies included). The k tokens are fed as a causal
@@ -242,8 +244,8 @@ def measure_latency(
             truncate_kv(cache, past)
             if round_index:
                 times[(k, single)].append(elapsed)
-    full = tuple(statistics.median(times[(k, False)]) for k in sizes)
-    ones = tuple(statistics.median(times[(k, True)]) for k in sizes) if one_logit else None
+    full = tuple(min(times[(k, False)]) for k in sizes)
+    ones = tuple(min(times[(k, True)]) for k in sizes) if one_logit else None
     return CostModel(tuple(sizes), full, ones, device=str(lm.device), kv_length=past)
 
 
