@@ -522,7 +522,7 @@ def write_report(out: Path) -> str:
     return text
 
 
-CODE_DATASETS = ("humaneval", "mbpp", "classeval")
+SPEEDUP_GOAL_DATASETS = ("humaneval", "mbpp")   # issue #5: at least 1.3x on these
 
 
 def collect(root: Path) -> pd.DataFrame:
@@ -548,7 +548,7 @@ def collect(root: Path) -> pd.DataFrame:
             "match_hf_greedy": table["match_hf_greedy"].min(),
         }
         row["goal_not_slower"] = row["auto_speedup"] >= 1.0
-        row["goal_code_1.3x"] = row["auto_speedup"] >= 1.3 if dataset in CODE_DATASETS else None
+        row["goal_1.3x"] = row["auto_speedup"] >= 1.3 if dataset in SPEEDUP_GOAL_DATASETS else None
         row["goal_beats_pld"] = row["auto_speedup"] > row["pld_speedup"] if best_pld else None
         rows.append(row)
     return pd.DataFrame(rows)
