@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 
 import pandas as pd
@@ -17,9 +18,6 @@ from tqdm import tqdm
 
 from lookahead_core import cost_model as cm
 from lookahead_core.config import DecodeLimits, LookaheadConfig, SamplingConfig
-
-CONFIG_FIELDS = ("window", "ngram", "guess", "prompt_pool", "pool_only")
-
 
 def calibrate(
     model,
@@ -48,7 +46,8 @@ def calibrate(
         )
     record = {
         "chosen": cm.config_label(chosen),
-        "chosen_config": None if chosen is None else {f: getattr(chosen, f) for f in CONFIG_FIELDS},
+        # Every field but the seed, which the run that uses the pick supplies.
+        "chosen_config": None if chosen is None else {k: v for k, v in asdict(chosen).items() if k != "seed"},
         "calibration_prompts": len(prompts),
         "calibration_tokens": limits.max_new_tokens,
         "latency": report.cost_model.to_rows(),

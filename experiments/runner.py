@@ -183,7 +183,7 @@ class Session:
         constants = {
             "experiment": settings.experiment, "dataset": settings.dataset.name, "model": spec.name,
             "dtype": spec.dtype.value, "device": settings.device, "config": settings.config_tag,
-            "settings": settings.fingerprint(), "temperature": settings.sampling.temperature,
+            "settings": settings.fingerprint(),
             "top_k": settings.sampling.top_k, "top_p": settings.sampling.top_p, "seed": settings.seed,
             "max_new_tokens": settings.limits.max_new_tokens, "torch": torch.__version__,
             "transformers": transformers.__version__, "git_commit": git_commit(repo_root()),
@@ -295,13 +295,13 @@ def _turn_rows(session: Session, item: Item, turn: int, results: dict[str, Timed
         matches = None
         if not decoder.is_baseline and sampling.greedy:  # sampled outputs differ by design
             matches = tokens == baseline
-        row = _row(session, item, turn, decoder, timed, text, matches, scores.get(tuple(tokens), {}))
-        rows.append({**row, "temperature": sampling.temperature})
+        rows.append(_row(session, item, turn, decoder, timed, text, matches, scores.get(tuple(tokens), {}),
+                         sampling.temperature))
     return rows
 
 
 def _row(session: Session, item: Item, turn: int, decoder: Decoder, timed: Timed, text: str,
-         matches: bool | None, scores: dict[str, Any]) -> dict[str, Any]:
+         matches: bool | None, scores: dict[str, Any], temperature: float) -> dict[str, Any]:
     stats = timed.output.stats
     lookahead = decoder.lookahead
     return {
@@ -310,6 +310,7 @@ def _row(session: Session, item: Item, turn: int, decoder: Decoder, timed: Timed
         "turn": turn,
         "decoder": decoder.name,
         "baseline": decoder.is_baseline,
+        "temperature": temperature,                   # the item's own with item_temperature
         "W": None if lookahead is None or lookahead.pool_only else lookahead.window,
         "N": None if lookahead is None else lookahead.ngram,
         "G": None if lookahead is None else lookahead.guess,
