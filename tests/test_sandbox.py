@@ -476,3 +476,49 @@ def test_benchmark_solutions_pass_and_wrong_ones_fail() -> None:
     assert all(r.passed for r in solutions), [r.reason for r in solutions]
     assert ce_ok.passed and set(ce_ok.details["test_classes"]) == {c.strip() for c in classeval.extra["test_classes"]}
     assert ce_broken.status == "failed" and he_wrong.status == "failed" and mbpp_wrong.status == "error"
+
+
+# ---------------------------------------------------------------------------------------------
+# The harness: the sandbox key, its check before any model loads, the row column
+
+
+def _harness_run(tmp_path: Path, *overrides: str) -> Path:
+    from hydra import compose, initialize_config_dir
+
+    from experiments import runner
+    from experiments.schema import register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(repo_root() / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=["model=tiny_llama", "threads=1", "warmup=0", "decoding=greedy",
+                                           "experiment=humaneval", "dataset.limit=1", "experiment.max_new_tokens=8",
+                                           f"results_dir={tmp_path}", *overrides])  # fmt: skip
+    return runner.run(cfg)
+
+
+@needs_data
+def test_unavailable_sandbox_fails_before_the_model_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from experiments import runner
+    from experiments.schema import ConfigError
+
+    with pytest.raises(ConfigError, match="sandbox must be one of"):
+        _harness_run(tmp_path, "sandbox=none")
+    monkeypatch.setattr(sandbox, "_check_bwrap", lambda: "bwrap not found")
+    monkeypatch.setattr(runner.Session, "start", lambda *a: pytest.fail("the model loaded"))
+    with pytest.raises(sandbox.SandboxUnavailable, match="install bubblewrap"):
+        _harness_run(tmp_path)
+
+
+@needs_data
+def test_process_mode_is_announced_and_recorded(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import pandas as pd
+
+    from experiments import runner
+
+    old = tmp_path / "old.csv"   # a results file from before the sandbox column: resumed, not refused
+    old.write_text(",".join(runner._COLUMNS_BEFORE_SANDBOX) + "\n")
+    assert runner.ResultStore(old, {}).path.read_text().splitlines()[0] == ",".join(runner.COLUMNS)
+    path = _harness_run(tmp_path, "sandbox=process")
+    assert "sandbox=process" in capsys.readouterr().err
+    rows = pd.read_csv(path)
+    assert (rows["sandbox"] == "process").all() and rows["passed"].notna().all()
