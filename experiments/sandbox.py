@@ -222,10 +222,10 @@ def bwrap_argv(command: Sequence[str], limits: Limits, *, as_root: bool, hidden:
 
 def _python_dirs() -> list[str]:
     """Host directories the sandboxed Python needs (its installation and packages), resolved."""
-    dirs = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
-    dirs.add(os.path.dirname(os.path.realpath(sys.executable)))
-    dirs |= {os.path.realpath(p) for p in sys.path if p and os.path.isdir(p)}
-    return sorted(d for d in dirs if d != "/")
+    import site
+
+    paths = (sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(sys.executable), *site.getsitepackages())
+    return sorted({os.path.realpath(p) for p in paths if os.path.isdir(p)} - {"/"})
 
 
 def _present_hidden_dirs() -> list[str]:
@@ -273,6 +273,9 @@ def require(mode: str) -> None:
     problem = _check_bwrap()
     if problem is not None:
         raise SandboxUnavailable(f"the bwrap sandbox cannot run here ({problem}); {_install_hint()}")
+    if seccomp_filter(os.uname().machine) is None:
+        print(f"sandbox: no seccomp filter for {os.uname().machine}: programs can connect to host UNIX "
+              "socket files they can write to", file=sys.stderr)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------
@@ -425,7 +428,8 @@ def run_job(job: Mapping[str, Any], limits: Limits = Limits(), files: Mapping[st
             result_w = -1
             wait_status, timed_out, cpu_s = _wait(proc.pid, limits.timeout_s)
             proc.returncode = os.waitstatus_to_exitcode(wait_status)  # reaped by _wait
-            _kill_group(proc.pid)  # a process-mode program's leftover helpers
+            if mode == "process":  # its leftover helpers (bwrap's die with its pid namespace)
+                _kill_group(proc.pid)
             record = _record(_read_all(result_r), nonce)
         finally:
             for fd in (nonce_r, result_r, result_w, seccomp_r):
@@ -566,6 +570,7 @@ def _unittest_snapshot() -> dict[tuple[str, str], Any]:
     """Every attribute of :mod:`unittest` and of its runner classes, to detect a patched framework."""
     import unittest
     import unittest.case
+    import unittest.mock  # imported here, so that a test's `from unittest.mock import ...` adds no attribute
     import unittest.suite
 
     owners: dict[str, Any] = {"unittest": unittest, "unittest.case._Outcome": unittest.case._Outcome}

@@ -3,7 +3,7 @@
 Every attack uses a route the courtesy guard does not see (ctypes calls into libc, a fresh
 ``posix`` module), so what is tested is the OS layer (bwrap, rlimits, seccomp). Each test then
 checks the host: canary files unchanged, no process of the sandbox uid left, the cgroup tree
-unchanged, no temporary directory left behind.
+unchanged, no temporary directory left behind (so nothing else may run sandboxes meanwhile).
 """
 
 from __future__ import annotations
@@ -71,8 +71,11 @@ def _no_sandbox_processes_soon(deadline_s: float = 5.0) -> bool:
 
 
 def _cgroup_tree() -> dict[str, str]:
+    """Cgroup directories and pids limits; without the pre-bubblewrap harness's own per-run
+    ``lookahead-sandbox-*`` cgroups, which other checkouts on a shared machine still make."""
     tree = {}
     for base, dirs, files in os.walk("/sys/fs/cgroup"):
+        dirs[:] = [d for d in dirs if not d.startswith("lookahead-sandbox-")]
         for name in ("pids.max", "cgroup.procs") if "pids.max" in files else ():
             try:
                 tree[f"{base}/{name}"] = Path(base, name).read_text() if name == "pids.max" else ""
@@ -172,7 +175,7 @@ def test_bad_mode_and_missing_bwrap_fail_with_advice(monkeypatch: pytest.MonkeyP
 
 
 @needs_bwrap
-def test_verdicts_of_plain_programs() -> None:
+def test_verdicts_of_plain_programs(host: Canaries) -> None:
     programs = ["print(sum(range(10)))", "assert 1 + 1 == 3", "undefined_name", "def broken(:\n    pass",
                 "while True:\n    pass", "import sys\nsys.exit(152)"]  # fmt: skip
     jobs = [lambda p=p: run_code(p, limits=Limits(timeout_s=2)) for p in programs]
@@ -186,7 +189,7 @@ def test_verdicts_of_plain_programs() -> None:
 
 
 @needs_bwrap
-def test_cpu_limit_is_a_timeout() -> None:
+def test_cpu_limit_is_a_timeout(host: Canaries) -> None:
     result = run_code("import signal\nsignal.signal(signal.SIGXCPU, signal.SIG_IGN)\nwhile True:\n    pass",
                       limits=Limits(timeout_s=1.5))  # CPU limit 3 s, wall 1.5 s: either way a timeout
     assert result.status == "timeout"
@@ -349,7 +352,7 @@ def test_total_bytes_written_are_bounded(host: Canaries) -> None:
 
 
 @needs_bwrap
-def test_memory_hog_fails() -> None:
+def test_memory_hog_fails(host: Canaries) -> None:
     result = run_code("block = bytearray(4 * 1024 ** 3)", limits=Limits(memory_mb=512))
     assert result.status == "error" and "MemoryError" in result.reason
 
@@ -396,7 +399,7 @@ def test_no_exit_route_forges_a_humaneval_pass(host: Canaries) -> None:
 
 
 @needs_bwrap
-def test_mbpp_unittest_main_is_not_a_pass() -> None:
+def test_mbpp_unittest_main_is_not_a_pass(host: Canaries) -> None:
     item = {"test_list": ["assert add(2, 3) == 5"], "test_imports": [], "test_setup_code": ""}
     honest = "def add(a, b):\n    return a + b\n\nif __name__ == '__main__':\n    import unittest\n    unittest.main()\n"
     assert check_mbpp(item, honest).passed       # as in the reference's exec(program, {}): not __main__
@@ -448,7 +451,7 @@ def test_no_forgery_passes_classeval(host: Canaries) -> None:
 
 
 @needs_bwrap
-def test_a_test_removed_by_the_program_is_not_a_pass() -> None:
+def test_a_test_removed_by_the_program_is_not_a_pass(host: Canaries) -> None:
     # the class under test deletes a test method from the benchmark's class when it is imported
     code = CE_WRONG.replace("a - b", "a + b") + "import atexit\n"
     item = dict(CE_ITEM, test=CE_ITEM["test"] + "\ndel AddTestAdd.test_2\n")
@@ -462,7 +465,7 @@ def test_a_test_removed_by_the_program_is_not_a_pass() -> None:
 
 @needs_data
 @needs_bwrap
-def test_benchmark_solutions_pass_and_wrong_ones_fail() -> None:
+def test_benchmark_solutions_pass_and_wrong_ones_fail(host: Canaries) -> None:
     humaneval = get_dataset("humaneval").load(DATA_ROOT, limit=3)
     mbpp = get_dataset("mbpp").load(DATA_ROOT, limit=2)
     classeval = get_dataset("classeval").load(DATA_ROOT, limit=1)[0]
