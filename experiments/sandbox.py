@@ -38,7 +38,6 @@ import functools
 import json
 import math
 import os
-import resource
 import secrets
 import select
 import shutil
@@ -378,6 +377,36 @@ def _write_job(root: Path, job: Mapping[str, Any], files: Mapping[str, str] | No
     return binds
 
 
+def _pipe_with(data: bytes) -> int:
+    """The read end of a pipe that holds ``data`` (small: it fits the pipe buffer) and then EOF."""
+    read, write = os.pipe()
+    os.write(write, data)
+    os.close(write)
+    return read
+
+
+def _command(mode: str, root: Path, binds: Mapping[str, str], limits: Limits,
+             fds: Sequence[int], seccomp_fd: int | None) -> tuple[list[str], Path, dict[str, str]]:
+    """(argv, cwd, env) of one run: prlimit + bwrap + launcher, or prlimit + launcher (process)."""
+    flags = [sys.executable, "-I", "-B", "-X", "utf8"]
+    if mode == "bwrap":
+        as_root = os.geteuid() == 0
+        nproc = _thread_count(SANDBOX_UID if as_root else os.getuid()) + limits.max_processes
+        hidden = _present_hidden_dirs()
+        launcher = [*flags, f"{GRADER_DIR}/sandbox.py", f"{GRADER_DIR}/job.json", *map(str, fds)]
+        inner = bwrap_argv(launcher, limits, as_root=as_root, hidden=hidden, keep=_keep_dirs(hidden),
+                           binds=binds, seccomp_fd=seccomp_fd)  # fmt: skip
+        return [*prlimit_argv(limits, nproc), *inner], root, {"PATH": _SAFE_PATH}
+    work = root / "work"
+    work.mkdir(mode=0o755)
+    for inside, host in binds.items():
+        if inside.startswith(WORK_DIR + "/"):
+            shutil.copyfile(host, work / Path(inside).name)
+    launcher = [*flags, str(root / "grader" / "sandbox.py"), str(root / "grader" / "job.json"), *map(str, fds)]
+    nproc = _thread_count(os.getuid()) + limits.max_processes
+    return [*prlimit_argv(limits, nproc), *launcher], work, _env(str(work))
+
+
 def run_job(job: Mapping[str, Any], limits: Limits = Limits(), files: Mapping[str, str] | None = None,
             mode: str = "bwrap", _probe: bool = False) -> ExecResult:
     """Run one launcher job (see :func:`_launch`) in the sandbox and read the grader's record."""
@@ -386,55 +415,31 @@ def run_job(job: Mapping[str, Any], limits: Limits = Limits(), files: Mapping[st
     if mode == "bwrap" and not _probe:
         require("bwrap")
     nonce = secrets.token_hex(16)
+    seccomp = seccomp_filter(os.uname().machine) if mode == "bwrap" else None
     with tempfile.TemporaryDirectory(prefix="lookahead-sandbox-") as tmp:
         root = Path(tmp)
         binds = _write_job(root, job, files)
-        nonce_r, nonce_w = os.pipe()
+        nonce_r = _pipe_with(nonce.encode())
+        seccomp_r = _pipe_with(seccomp) if seccomp is not None else None
         result_r, result_w = os.pipe()
-        os.write(nonce_w, nonce.encode())
-        os.close(nonce_w)
-        seccomp = seccomp_filter(os.uname().machine) if mode == "bwrap" else None
-        seccomp_r = -1
-        if seccomp is not None:
-            seccomp_r, seccomp_w = os.pipe()
-            os.write(seccomp_w, seccomp)
-            os.close(seccomp_w)
-        as_root = os.geteuid() == 0
-        if mode == "bwrap":
-            launcher = [sys.executable, "-I", "-B", "-X", "utf8", f"{GRADER_DIR}/sandbox.py", f"{GRADER_DIR}/job.json"]
-            nproc = _thread_count(SANDBOX_UID if as_root else os.getuid()) + limits.max_processes
-            hidden = _present_hidden_dirs()
-            inner = bwrap_argv([*launcher, str(nonce_r), str(result_w)], limits, as_root=as_root, hidden=hidden,
-                               keep=_keep_dirs(hidden), binds=binds,
-                               seccomp_fd=seccomp_r if seccomp_r >= 0 else None)
-            command, cwd, env = [*prlimit_argv(limits, nproc), *inner], root, {"PATH": _SAFE_PATH}
-        else:
-            work = root / "work"
-            work.mkdir(mode=0o755)
-            for inside, host in binds.items():
-                if inside.startswith(WORK_DIR + "/"):
-                    shutil.copyfile(host, work / Path(inside).name)
-            launcher = [sys.executable, "-I", "-B", "-X", "utf8", str(root / "grader" / "sandbox.py"),
-                        str(root / "grader" / "job.json"), str(nonce_r), str(result_w)]  # fmt: skip
-            nproc = _thread_count(os.getuid()) + limits.max_processes
-            command, cwd, env = [*prlimit_argv(limits, nproc), *launcher], work, _env(str(work))
+        inherited = [fd for fd in (nonce_r, result_w, seccomp_r) if fd is not None]
         start = time.monotonic()
         try:
+            command, cwd, env = _command(mode, root, binds, limits, (nonce_r, result_w), seccomp_r)
             with open(root / "stdout", "wb") as out, open(root / "stderr", "wb") as err:
                 proc = subprocess.Popen(command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out,
-                                        stderr=err, pass_fds=tuple(fd for fd in (nonce_r, result_w, seccomp_r) if fd >= 0),
-                                        start_new_session=True)
-            os.close(result_w)
-            result_w = -1
+                                        stderr=err, pass_fds=inherited, start_new_session=True)  # fmt: skip
+            for fd in inherited:  # the child has them; the result pipe then ends when it does
+                os.close(fd)
+            inherited = []
             wait_status, timed_out, cpu_s = _wait(proc.pid, limits.timeout_s)
             proc.returncode = os.waitstatus_to_exitcode(wait_status)  # reaped by _wait
             if mode == "process":  # its leftover helpers (bwrap's die with its pid namespace)
                 _kill_group(proc.pid)
             record = _record(_read_all(result_r), nonce)
         finally:
-            for fd in (nonce_r, result_r, result_w, seccomp_r):
-                if fd >= 0:
-                    os.close(fd)
+            for fd in (*inherited, result_r):
+                os.close(fd)
         seconds = time.monotonic() - start
         status, reason = _verdict(record, timed_out, cpu_s, limits, wait_status)
         return ExecResult(

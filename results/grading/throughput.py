@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from experiments import sandbox  # noqa: E402
-from experiments.grading_agreement import graded_code, outputs_from_csv  # noqa: E402
+from experiments.grading_agreement import outputs_from_csv  # noqa: E402
 from experiments.datasets import default_data_root, get_dataset  # noqa: E402
 
 old_path = Path("/tmp/sandbox_f89e943.py")
