@@ -6,7 +6,9 @@ set -u
 cd "$(dirname "$0")/../.."
 HE_STOP=$'experiment.stop_strings=["\nclass","\ndef","\n#","\nif","\nprint"]'
 common=(decoding=greedy experiment.max_new_tokens=256 threads=1 warmup=0 results_dir=results/grading/raw experiment.score=false)
-for model in smollm2_135m qwen25_coder_05b; do
-  python run.py experiment=humaneval model=$model "${common[@]}" "$HE_STOP"
-  python run.py experiment=mbpp model=$model "${common[@]}"
-done
+# SmolLM2-135M scores 0 on HumanEval here, so Qwen2.5-Coder's HumanEval (the passes) comes before
+# the rest of the MBPP runs.
+python run.py experiment=humaneval model=smollm2_135m "${common[@]}" "$HE_STOP"
+python run.py experiment=humaneval model=qwen25_coder_05b "${common[@]}" "$HE_STOP"
+python run.py experiment=mbpp model=smollm2_135m "${common[@]}"
+python run.py experiment=mbpp model=qwen25_coder_05b "${common[@]}"
