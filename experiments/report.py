@@ -26,7 +26,9 @@ from .metrics import ROUGE_TYPES, bootstrap_ci, pass_at_k_report
 GROUP = ["experiment", "model", "device", "dtype", "config", "settings"]
 PAIR = ["item_id", "turn", "seed"]
 BOOL_COLUMNS = ["baseline", "prompt_pool", "pool_only", "matches_greedy", "passed"]
-TEXT_COLUMNS = ["experiment", "dataset", "item_id", "model", "config", "settings", "git_commit", "text"]
+TEXT_COLUMNS = ["experiment", "dataset", "item_id", "model", "config", "settings", "git_commit", "text",
+                "diff_verdict"]
+DIVERGENCE_COLUMNS = ["first_diff", "diff_margin", "diff_verdict"]   # absent from CSVs written before them
 PASS_KS = (1, 10, 100)
 
 SUMMARY_COLUMNS = [
@@ -64,6 +66,9 @@ def load_results(paths: Iterable[str | Path]) -> pd.DataFrame:
     frames = [pd.read_csv(path, dtype={column: str for column in TEXT_COLUMNS + BOOL_COLUMNS},
                           keep_default_na=False, na_values=[""]) for path in files]
     df = pd.concat(frames, ignore_index=True)
+    for column in DIVERGENCE_COLUMNS:
+        if column not in df:
+            df[column] = pd.NA
     for column in BOOL_COLUMNS:
         df[column] = df[column].map({"True": True, "False": False}).astype("boolean")
     return df
