@@ -128,6 +128,23 @@ def _quality(rows: pd.DataFrame, suffix: str) -> dict:
     return quality
 
 
+def divergence_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per dtype, model and decoding config: greedy rows compared with their baseline, how many
+    differ, and their verdicts (``near_tie``: within the dtype's numerical noise, ``mismatch``: the
+    baseline was confident, ``earlier_turn``: the conversation already differed in an earlier turn)."""
+    compared = df[df["matches_greedy"].notna()]
+    lines = []
+    for (dtype, model, config), group in compared.groupby(["dtype", "model", "config"], sort=True):
+        verdicts = group["diff_verdict"].value_counts()
+        differ = int((~group["matches_greedy"].astype(bool)).sum())
+        near = int(verdicts.get("near_tie", 0))
+        lines.append({"dtype": dtype, "model": model, "config": config, "rows": len(group), "differ": differ,
+                      "near_tie": near, "mismatch": int(verdicts.get("mismatch", 0)),
+                      "earlier_turn": int(verdicts.get("earlier_turn", 0)),
+                      "near_tie_share": near / differ if differ else None})
+    return pd.DataFrame(lines)
+
+
 def to_markdown(table: pd.DataFrame, columns: Sequence[str] | None = None) -> str:
     """A GitHub markdown table of the columns that exist and hold a value."""
     if table.empty:
@@ -233,6 +250,9 @@ def write_report(paths: Iterable[str | Path], out_dir: str | Path) -> Path:
         f"{len(df)} rows from {df.groupby(GROUP).ngroups} run setups.",
         "## Speed\n\n" + to_markdown(table, SUMMARY_COLUMNS),
         "## Quality\n\n" + _quality_section(table),
+        "## Divergence from greedy\n\nGreedy rows that differ from their baseline, judged at the first "
+        "differing token by the baseline's top-2 logit margin (lookahead_core/divergence.py: `near_tie` "
+        "below the dtype's tolerance, else `mismatch`).\n\n" + to_markdown(divergence_table(df)),
         "## Plots\n\n" + "\n".join(f"![{p.stem}]({p.name})" for p in plots if p is not None),
     ]
     report = out / "report.md"
