@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .config import DecodeLimits, LookaheadConfig, SamplingConfig
-from .inputs import validate_input_ids
+from .inputs import check_vocabulary, validate_input_ids
 from .layout import causal_layout, step_layout
 from .model_io import CausalLM, commit_kv, truncate_kv
 from .pool import NGramPool
@@ -103,10 +103,11 @@ def decode(
     """
     limits = limits or DecodeLimits()
     sampling = sampling or SamplingConfig()
-    lm = model if isinstance(model, CausalLM) else CausalLM(model)
-    prompt = validate_input_ids(input_ids, lm.vocab_size)
+    prompt = validate_input_ids(input_ids)           # before the model is touched
     if limits.stop_strings and tokenizer is None:
         raise ValueError("stop_strings need a tokenizer")
+    lm = model if isinstance(model, CausalLM) else CausalLM(model)
+    check_vocabulary(prompt, lm.vocab_size)
     require_branching_support(lm, lookahead)     # the probe, once per model: refuses what it would get wrong
     verify = make_verifier(sampling, generator)
     stats = DecodeStats()

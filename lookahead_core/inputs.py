@@ -27,8 +27,9 @@ def vocab_size(model: torch.nn.Module) -> int | None:
     return size if isinstance(size, int) else None
 
 
-def validate_input_ids(input_ids, vocab_size: int | None) -> list[int]:
-    """``input_ids`` as a list of ints, or a ``ValueError`` naming what is wrong with it."""
+def validate_input_ids(input_ids, vocab_size: int | None = None) -> list[int]:
+    """``input_ids`` as a list of ints, or a ``ValueError`` naming what is wrong with it (ids are
+    checked against ``vocab_size`` when it is given)."""
     if isinstance(input_ids, (torch.Tensor, np.ndarray)):
         tokens = _from_array(input_ids)
     elif isinstance(input_ids, (str, bytes)):
@@ -46,12 +47,17 @@ def validate_input_ids(input_ids, vocab_size: int | None) -> list[int]:
         tokens = [int(v) for v in values]
     if not tokens:
         raise ValueError("input_ids is empty")
+    check_vocabulary(tokens, vocab_size)
+    return tokens
+
+
+def check_vocabulary(tokens: list[int], vocab_size: int | None) -> None:
+    """Every id in ``[0, vocab_size)`` (only >= 0 when the size is unknown), else a ``ValueError``."""
     low, high = min(tokens), max(tokens)
     if low < 0 or (vocab_size is not None and high >= vocab_size):
         culprit = low if low < 0 else high
         raise ValueError(f"input_ids holds token id {culprit} at index {tokens.index(culprit)}, outside the "
                          f"model's vocabulary [0, {vocab_size})")
-    return tokens
 
 
 def _is_integer(value) -> bool:

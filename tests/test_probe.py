@@ -88,11 +88,10 @@ def test_the_probe_runs_once_per_model(monkeypatch):
 class MaskIgnoringLlama(LlamaForCausalLM):
     """A model that drops the attention mask it is given: branches see each other."""
 
-    def forward(self, input_ids=None, position_ids=None, attention_mask=None, past_key_values=None,
+    def forward(self, input_ids=None, position_ids=None, attention_mask=None, cache=None,
                 use_cache=None, logits_to_keep=0, **kwargs):
         return super().forward(input_ids=input_ids, position_ids=position_ids, attention_mask=None,
-                               past_key_values=past_key_values, use_cache=use_cache,
-                               logits_to_keep=logits_to_keep, **kwargs)
+                               cache=cache, use_cache=use_cache, logits_to_keep=logits_to_keep, **kwargs)
 
 
 def test_a_mask_that_is_not_honoured_is_named():
