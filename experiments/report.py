@@ -251,7 +251,7 @@ def write_report(paths: Iterable[str | Path], out_dir: str | Path) -> Path:
         "## Speed\n\n" + to_markdown(table, SUMMARY_COLUMNS),
         "## Quality\n\n" + _quality_section(table),
         "## Divergence from greedy\n\nGreedy rows that differ from their baseline, judged at the first "
-        "differing token by the baseline's top-2 logit margin (lookahead_core/divergence.py: `near_tie` "
+        "differing token by the baseline's top-2 logit margin (lookahead_core/numerics.py: `near_tie` "
         "below the dtype's tolerance, else `mismatch`).\n\n" + to_markdown(divergence_table(df)),
         "## Plots\n\n" + "\n".join(f"![{p.stem}]({p.name})" for p in plots if p is not None),
     ]

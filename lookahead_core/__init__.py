@@ -14,10 +14,10 @@ departure from greedy caused by a near-tie in fp16/bf16 numerics from a real mis
 
 from .config import DecodeLimits, LookaheadConfig, SamplingConfig
 from .decoder import DecodeOutput, DecodeState, DecodeStats, decode
-from .divergence import LOGIT_TOLERANCE, Divergence, divergence
+from .numerics import LOGIT_TOLERANCE, Divergence, divergence
 from .model_io import CausalLM
 from .pool import NGramPool
-from .probe import ProbeResult, UnsupportedModelError, probe
+from .capability import ProbeResult, UnsupportedModelError, probe
 
 __all__ = [
     "CausalLM",

@@ -22,7 +22,7 @@ from .layout import causal_layout, step_layout
 from .model_io import CausalLM, commit_kv, truncate_kv
 from .pool import NGramPool
 from .positions import fit_step
-from .probe import require_branching_support
+from .capability import require_branching_support
 from .verify import Verifier, make_verifier
 from .window import JacobiWindow
 

@@ -6,7 +6,7 @@
 On a Llama-2-7B-shaped model with random weights built on the device (``gpu_bench.build_model``),
 once per dtype (fp32, fp16, bf16):
 
-1. the capability probe (``lookahead_core.probe``): max |logit| difference between a branching step
+1. the capability probe (``lookahead_core.capability``): max |logit| difference between a branching step
    and plain forwards, against the dtype's tolerance;
 2. greedy and lookahead decodes of ``--prompts`` prompts x ``--new-tokens`` tokens, for lookahead
    W5 N4 G5 with and without the prompt pool, and pool-only with a pool holding the greedy text's

@@ -3,18 +3,16 @@ clear reason, and what still runs on them (greedy, causal-chain configs) does ru
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 import torch
 from transformers import LlamaForCausalLM
 
 from lookahead_core import CausalLM, DecodeLimits, LookaheadConfig, UnsupportedModelError, decode, probe
+from lookahead_core import capability as probe_module
 from lookahead_core.models import tiny_random_model
-from lookahead_core.probe import branching, run_probe
+from lookahead_core.capability import branching, run_probe
 from tiny_families import PASSING, REFUSED, tiny_family_model
 
-probe_module = importlib.import_module("lookahead_core.probe")   # the package's ``probe`` is the function
 PROMPT = [5, 17, 3, 99, 42, 8, 61, 5, 17, 30, 3, 99]
 LIMITS = DecodeLimits(max_new_tokens=16)
 

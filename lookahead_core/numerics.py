@@ -7,8 +7,9 @@ other one: a ``near_tie``, not a bug. A departure at a position where the baseli
 is a ``mismatch``: in fp32 it means lookahead is wrong.
 
 ``LOGIT_TOLERANCE`` is the noise allowed per dtype, in logit units. Measured on SmolLM2-135M
-(logits up to ~33) on a CPU, the same tokens fed as one 13-row forward and as 1-row steps after a
-prefill gave logits differing by at most 7.3e-5 in fp32, 0.11 in fp16 and 0.72 in bf16 (one ulp
+(logits up to ~33) on a 2-core CPU (``scripts/logit_noise.py``), the same 18 tokens fed as one
+forward and as a 9-token prefill plus 1-row steps gave logits differing by at most 7.3e-5 in fp32,
+0.11 in fp16 and 0.72 in bf16 (one ulp
 of a logit of 32 is 3.8e-6, 0.031 and 0.25 respectively). The tolerances leave headroom over
 these maxima for larger models with longer reductions and for GPU kernels:
 
@@ -17,7 +18,7 @@ these maxima for larger models with longer reductions and for GPU kernels:
 - bf16 1.0: 1.4x the measured maximum, 4 ulp at |logit| 32 (bf16 logits come in steps of 0.125-0.25
   at that size, so margins of 0 and 0.25 are common).
 
-The same table bounds the capability probe (``probe.py``), which compares a branching step with
+The same table bounds the capability probe (``capability.py``), which compares a branching step with
 plain forwards of the same tokens.
 """
 

@@ -12,7 +12,7 @@ the reason, found by two further cases: a positions-only case (a gap in ``positi
 model's own causal mask: the logits must change) and a mask case (an explicit causal mask must
 give the model's own logits, and hiding one key must change the rows after it).
 
-The threshold is the dtype's tolerance (``divergence.LOGIT_TOLERANCE``) or twice the noise the probe
+The threshold is the dtype's tolerance (``numerics.LOGIT_TOLERANCE``) or twice the noise the probe
 measures on the model itself (the step's tokens as one causal chain of as many rows, and as 1-row
 steps), whichever is larger: in fp32 the noise is ~1e-6 and the tolerance (1e-3) rules, which catches MPT's 0.1 error; in
 bf16 a 135M model's own noise is ~0.7 already, so there the probe can only see errors above the
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from .config import LookaheadConfig
-from .divergence import logit_tolerance
+from .numerics import logit_tolerance
 from .layout import causal_layout, step_layout
 from .model_io import CausalLM, truncate_kv
 
