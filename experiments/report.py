@@ -32,7 +32,7 @@ DIVERGENCE_COLUMNS = ["first_diff", "diff_margin", "diff_verdict"]   # absent fr
 PASS_KS = (1, 10, 100)
 
 SUMMARY_COLUMNS = [
-    "experiment", "model", "config", "max_new_tokens", "items", "rows", "new_tokens", "S",
+    "experiment", "model", "dtype", "config", "max_new_tokens", "items", "rows", "new_tokens", "S",
     "speedup", "speedup_median", "tok_s_base", "tok_s", "matches_greedy", "overhead",
 ]  # fmt: skip
 QUALITY_COLUMNS = [
