@@ -21,6 +21,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import random
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -109,6 +110,19 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
 def _read_json(path: Path) -> Any:
     with open(path, encoding="utf-8") as handle:
         return json.load(handle)
+
+
+def stratified(items: Sequence[Item], seed: int, key: str = "category") -> list[Item]:
+    """``items`` reordered round-robin over ``extra[key]`` groups (in first-seen group order), each
+    group shuffled with ``seed``: any prefix covers the groups as evenly as its length allows."""
+    groups: dict[Any, list[Item]] = {}
+    for item in items:
+        groups.setdefault(item.extra.get(key), []).append(item)
+    rng = random.Random(seed)
+    for members in groups.values():
+        rng.shuffle(members)
+    longest = max((len(members) for members in groups.values()), default=0)
+    return [members[i] for i in range(longest) for members in groups.values() if i < len(members)]
 
 
 def _select(items: list[Item], limit: int | None, offset: int) -> list[Item]:
@@ -250,6 +264,18 @@ class MTBench(DatasetAdapter):
     hub = HubSource("lighteval/mt-bench", None, "train")
     local_path = "mt_bench/question.jsonl"
     max_new_tokens = 1024
+
+    def __init__(self, stratify: bool = False, stratify_seed: int = 0) -> None:
+        """``stratify``: order the questions round-robin over the 8 categories (each category
+        shuffled with ``stratify_seed``), so that ``limit`` items represent the whole set; the
+        file's first 20 questions are all writing and roleplay. ``dataset.options.stratify=true``."""
+        if not isinstance(stratify, bool) or not isinstance(stratify_seed, int):
+            raise ValueError(f"stratify must be a bool and stratify_seed an int, got {stratify!r}, {stratify_seed!r}")
+        self.stratify, self.stratify_seed = stratify, stratify_seed
+
+    def load(self, data_root=None, limit=None, offset=0, source="auto") -> list[Item]:
+        items = super().load(data_root, None, 0, source)
+        return _select(stratified(items, self.stratify_seed) if self.stratify else items, limit, offset)
 
     def _local_records(self, root: Path) -> list[dict[str, Any]]:
         return _read_jsonl(root / self.local_path)

@@ -26,11 +26,13 @@ from .metrics import ROUGE_TYPES, bootstrap_ci, pass_at_k_report
 GROUP = ["experiment", "model", "device", "dtype", "config", "settings"]
 PAIR = ["item_id", "turn", "seed"]
 BOOL_COLUMNS = ["baseline", "prompt_pool", "pool_only", "matches_greedy", "passed"]
-TEXT_COLUMNS = ["experiment", "dataset", "item_id", "model", "config", "settings", "git_commit", "text"]
+TEXT_COLUMNS = ["experiment", "dataset", "item_id", "model", "config", "settings", "git_commit", "text",
+                "diff_verdict"]
+DIVERGENCE_COLUMNS = ["first_diff", "diff_margin", "diff_verdict"]   # absent from CSVs written before them
 PASS_KS = (1, 10, 100)
 
 SUMMARY_COLUMNS = [
-    "experiment", "model", "config", "max_new_tokens", "items", "rows", "new_tokens", "S",
+    "experiment", "model", "dtype", "config", "max_new_tokens", "items", "rows", "new_tokens", "S",
     "speedup", "speedup_median", "tok_s_base", "tok_s", "matches_greedy", "overhead",
 ]  # fmt: skip
 QUALITY_COLUMNS = [
@@ -64,6 +66,9 @@ def load_results(paths: Iterable[str | Path]) -> pd.DataFrame:
     frames = [pd.read_csv(path, dtype={column: str for column in TEXT_COLUMNS + BOOL_COLUMNS},
                           keep_default_na=False, na_values=[""]) for path in files]
     df = pd.concat(frames, ignore_index=True)
+    for column in DIVERGENCE_COLUMNS:
+        if column not in df:
+            df[column] = pd.NA
     for column in BOOL_COLUMNS:
         df[column] = df[column].map({"True": True, "False": False}).astype("boolean")
     return df
@@ -121,6 +126,23 @@ def _quality(rows: pd.DataFrame, suffix: str) -> dict:
         samples = {item: list(group["passed"].astype(bool)) for item, group in scored.groupby("item_id")}
         quality.update({f"{name}{suffix}": value for name, value in pass_at_k_report(samples, PASS_KS).items()})
     return quality
+
+
+def divergence_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per dtype, model and decoding config: greedy rows compared with their baseline, how many
+    differ, and their verdicts (``near_tie``: within the dtype's numerical noise, ``mismatch``: the
+    baseline was confident, ``earlier_turn``: the conversation already differed in an earlier turn)."""
+    compared = df[df["matches_greedy"].notna()]
+    lines = []
+    for (dtype, model, config), group in compared.groupby(["dtype", "model", "config"], sort=True):
+        verdicts = group["diff_verdict"].value_counts()
+        differ = int((~group["matches_greedy"].astype(bool)).sum())
+        near = int(verdicts.get("near_tie", 0))
+        lines.append({"dtype": dtype, "model": model, "config": config, "rows": len(group), "differ": differ,
+                      "near_tie": near, "mismatch": int(verdicts.get("mismatch", 0)),
+                      "earlier_turn": int(verdicts.get("earlier_turn", 0)),
+                      "near_tie_share": near / differ if differ else None})
+    return pd.DataFrame(lines)
 
 
 def to_markdown(table: pd.DataFrame, columns: Sequence[str] | None = None) -> str:
@@ -228,6 +250,9 @@ def write_report(paths: Iterable[str | Path], out_dir: str | Path) -> Path:
         f"{len(df)} rows from {df.groupby(GROUP).ngroups} run setups.",
         "## Speed\n\n" + to_markdown(table, SUMMARY_COLUMNS),
         "## Quality\n\n" + _quality_section(table),
+        "## Divergence from greedy\n\nGreedy rows that differ from their baseline, judged at the first "
+        "differing token by the baseline's top-2 logit margin (lookahead_core/numerics.py: `near_tie` "
+        "below the dtype's tolerance, else `mismatch`).\n\n" + to_markdown(divergence_table(df)),
         "## Plots\n\n" + "\n".join(f"![{p.stem}]({p.name})" for p in plots if p is not None),
     ]
     report = out / "report.md"

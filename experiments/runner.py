@@ -29,7 +29,7 @@ from jinja2 import TemplateError
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from lookahead_core import DecodeLimits, DecodeOutput, DecodeState, SamplingConfig, decode
+from lookahead_core import DecodeLimits, DecodeOutput, DecodeState, SamplingConfig, decode, divergence
 from lookahead_core import models as model_loader
 
 from . import autotune, report, sandbox
@@ -48,7 +48,8 @@ COLUMNS: tuple[str, ...] = (
     "prompt_tokens", "prefill_tokens", "new_tokens", "steps", "S", "accepted_hist", "step_tokens_mean",
     "prefill_s", "decode_s", "wall_s", "tokens_per_s", "overhead_frac",
     # what came out
-    "matches_greedy", "rouge1", "rouge2", "rougeL", "passed", "sandbox", "text",
+    "matches_greedy", "first_diff", "diff_margin", "diff_verdict", "rouge1", "rouge2", "rougeL", "passed",
+    "sandbox", "text",
 )  # fmt: skip
 CODE_DATASETS = ("humaneval", "mbpp", "classeval")
 
@@ -86,9 +87,39 @@ def run(cfg: DictConfig) -> Path:
             store.append(rows)
             progress.update(rows)
         progress.close()
-    table = report.summarize(report.load_results([store.path]))
-    print(report.to_markdown(table, report.SUMMARY_COLUMNS))
+    rows = report.load_results([store.path])
+    print(report.to_markdown(report.summarize(rows), report.SUMMARY_COLUMNS))
+    check_lossless(rows, store.path)
     return store.path
+
+
+class LosslessnessError(RuntimeError):
+    """A fp32 greedy run departed from its baseline where the baseline was confident (a bug)."""
+
+
+def check_lossless(rows, path: Path) -> None:
+    """Raise :class:`LosslessnessError` naming the items whose fp32 rows have ``diff_verdict=mismatch``
+    (called after every row is written, so the run exits non-zero with its results kept)."""
+    bad = rows[(rows["dtype"] == "float32") & (rows["diff_verdict"] == "mismatch")]
+    if len(bad):
+        where = ", ".join(f"{r.item_id} turn {r.turn} ({r.decoder}, token {int(r.first_diff)}, margin "
+                          f"{r.diff_margin:.3g})" for r in bad.itertuples())
+        raise LosslessnessError(f"{len(bad)} fp32 rows of {path} depart from greedy at a confident token: {where}")
+
+
+def divergence_columns(model: Any, prompts: dict[str, list[int]], baseline: str, decoder: str,
+                       baseline_tokens: list[int], tokens: list[int]) -> dict[str, Any]:
+    """``first_diff``, ``diff_margin``, ``diff_verdict`` of a greedy row that differs from its baseline.
+
+    When the two conversations already differed in an earlier turn, this turn's prompts differ
+    too: the verdict is ``earlier_turn`` (the earlier turn's row has the real one), with no margin.
+    """
+    if prompts[decoder] != prompts[baseline]:
+        first = next((i for i, (a, b) in enumerate(zip(baseline_tokens, tokens)) if a != b),
+                     min(len(baseline_tokens), len(tokens)))
+        return {"first_diff": first, "diff_margin": None, "diff_verdict": "earlier_turn"}
+    found = divergence(model, prompts[baseline], baseline_tokens, tokens)
+    return {"first_diff": found.position, "diff_margin": found.margin, "diff_verdict": found.verdict}
 
 
 def choose_auto(session: Session, items: Sequence[Item], record_path: Path) -> RunSettings:
@@ -279,12 +310,13 @@ def run_item(session: Session, item: Item, index: int) -> list[dict[str, Any]]:
         for decoder in decoders:
             states[decoder.name] = results[decoder.name].output.state
             answers[decoder.name].append(session.text(results[decoder.name].output.tokens))
-        rows += _turn_rows(session, item, turn_index + 1, results, answers, sampling)
+        rows += _turn_rows(session, item, turn_index + 1, results, answers, sampling, prompts)
     return rows
 
 
 def _turn_rows(session: Session, item: Item, turn: int, results: dict[str, Timed],
-               answers: dict[str, list[str]], sampling: SamplingConfig) -> list[dict[str, Any]]:
+               answers: dict[str, list[str]], sampling: SamplingConfig,
+               prompts: dict[str, list[int]]) -> list[dict[str, Any]]:
     settings = session.settings
     baseline = results[settings.baseline.name].output.tokens
     scores: dict[tuple[int, ...], dict[str, Any]] = {}
@@ -298,8 +330,10 @@ def _turn_rows(session: Session, item: Item, turn: int, results: dict[str, Timed
         matches = None
         if not decoder.is_baseline and sampling.greedy:  # sampled outputs differ by design
             matches = tokens == baseline
-        rows.append(_row(session, item, turn, decoder, timed, text, matches, scores.get(tuple(tokens), {}),
-                         sampling.temperature))
+        diff = {} if matches is not False else divergence_columns(
+            session.model, prompts, settings.baseline.name, decoder.name, baseline, tokens)
+        rows.append({**_row(session, item, turn, decoder, timed, text, matches, scores.get(tuple(tokens), {}),
+                            sampling.temperature), **diff})
     return rows
 
 

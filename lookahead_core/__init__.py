@@ -7,12 +7,17 @@
 
 ``decode(model, ids)`` with no lookahead config is the greedy baseline through the same loop.
 Pass a ``CausalLM(model)`` instead of the model to skip re-inspecting it on every call.
+Before the first branching lookahead step on a model, ``probe`` checks that the model computes
+such a step right and refuses it otherwise (``UnsupportedModelError``). ``divergence`` tells a
+departure from greedy caused by a near-tie in fp16/bf16 numerics from a real mismatch.
 """
 
 from .config import DecodeLimits, LookaheadConfig, SamplingConfig
 from .decoder import DecodeOutput, DecodeState, DecodeStats, decode
+from .numerics import LOGIT_TOLERANCE, Divergence, divergence
 from .model_io import CausalLM
 from .pool import NGramPool
+from .capability import ProbeResult, UnsupportedModelError, probe
 
 __all__ = [
     "CausalLM",
@@ -20,8 +25,14 @@ __all__ = [
     "DecodeOutput",
     "DecodeState",
     "DecodeStats",
+    "Divergence",
+    "LOGIT_TOLERANCE",
     "LookaheadConfig",
     "NGramPool",
+    "ProbeResult",
     "SamplingConfig",
+    "UnsupportedModelError",
     "decode",
+    "divergence",
+    "probe",
 ]

@@ -17,9 +17,12 @@ from dataclasses import dataclass, field
 import torch
 
 from .config import DecodeLimits, LookaheadConfig, SamplingConfig
+from .inputs import check_vocabulary, validate_input_ids
 from .layout import causal_layout, step_layout
 from .model_io import CausalLM, commit_kv, truncate_kv
 from .pool import NGramPool
+from .positions import fit_step
+from .capability import require_branching_support
 from .verify import Verifier, make_verifier
 from .window import JacobiWindow
 
@@ -100,10 +103,12 @@ def decode(
     """
     limits = limits or DecodeLimits()
     sampling = sampling or SamplingConfig()
-    prompt = _as_token_list(input_ids)
+    prompt = validate_input_ids(input_ids)           # before the model is touched
     if limits.stop_strings and tokenizer is None:
         raise ValueError("stop_strings need a tokenizer")
     lm = model if isinstance(model, CausalLM) else CausalLM(model)
+    check_vocabulary(prompt, lm.vocab_size)
+    require_branching_support(lm, lookahead)     # the probe, once per model: refuses what it would get wrong
     verify = make_verifier(sampling, generator)
     stats = DecodeStats()
 
@@ -160,6 +165,10 @@ def _step(lm: CausalLM, cache, tokens: list[int], window: JacobiWindow | None,
     cands = pool.candidates(x) if pool is not None else []
     cand_len = pool.ngram - 1 if pool is not None else 0
     levels = len(window.levels) if window is not None else 0
+    fit = fit_step(lm.position_limit, past, window.window if window else 0, levels, cand_len)
+    if not fit.window:                  # near the model's last position: this step goes without the window
+        window, levels = None, 0
+    cands, cand_len = fit.candidates(cands), fit.candidate_len
     layout = step_layout(window.window if window else 0, levels, len(cands), cand_len)
     fed = [x] + (window.tokens() if window else []) + [t for c in cands for t in c]
 
@@ -235,16 +244,3 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
             break
         n += 1
     return n
-
-
-def _as_token_list(input_ids) -> list[int]:
-    if isinstance(input_ids, torch.Tensor):
-        if input_ids.dim() == 2:
-            if input_ids.shape[0] != 1:
-                raise ValueError(f"batch size {input_ids.shape[0]} is not supported; decode one sequence at a time")
-            input_ids = input_ids[0]
-        input_ids = input_ids.tolist()
-    tokens = [int(t) for t in input_ids]
-    if not tokens:
-        raise ValueError("input_ids is empty")
-    return tokens

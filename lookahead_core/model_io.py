@@ -12,7 +12,9 @@ import inspect
 import torch
 from transformers import DynamicCache
 
+from .inputs import vocab_size
 from .layout import attention_mask
+from .positions import position_limit
 
 SUPPORTED_ATTENTION = ("eager", "sdpa")
 _FULL, _SLIDING = "full_attention", "sliding_attention"
@@ -42,6 +44,8 @@ class CausalLM:
             raise ValueError("encoder-decoder models are not supported; pass a causal LM")
         self.model = model
         self.windows = _attention_windows(config)
+        self.vocab_size = vocab_size(model)
+        self.position_limit = position_limit(config)
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._keeps_logits = "logits_to_keep" in params

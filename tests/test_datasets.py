@@ -230,3 +230,21 @@ def test_get_dataset_unknown_name_lists_valid_ones() -> None:
         get_dataset("gsm8k")
     for name in ("mtbench", "cnndm", "xsum", "humaneval", "mbpp", "classeval"):
         assert name in str(excinfo.value)
+
+
+def test_mtbench_stratified_subset_covers_every_category() -> None:
+    plain = get_dataset("mtbench").load(DATA_ROOT, limit=20)
+    assert {item.extra["category"] for item in plain} == {"writing", "roleplay"}   # why stratify exists
+    items = get_dataset("mtbench", stratify=True).load(DATA_ROOT, limit=20)
+    counts = {c: sum(item.extra["category"] == c for item in items) for c in MTBENCH_TEMPERATURE}
+    assert sorted(counts.values()) == [2, 2, 2, 2, 3, 3, 3, 3]
+    assert [i.item_id for i in get_dataset("mtbench", stratify=True).load(DATA_ROOT, limit=20)] == \
+        [i.item_id for i in items]                                                       # seeded
+    reseeded = get_dataset("mtbench", stratify=True, stratify_seed=1).load(DATA_ROOT, limit=20)
+    assert [i.item_id for i in reseeded] != [i.item_id for i in items]
+    whole = get_dataset("mtbench", stratify=True).load(DATA_ROOT)
+    assert sorted(i.item_id for i in whole) == sorted(i.item_id for i in plain + get_dataset("mtbench").load(DATA_ROOT, offset=20))
+    rest = get_dataset("mtbench", stratify=True).load(DATA_ROOT, limit=5, offset=20)
+    assert [i.item_id for i in rest] == [i.item_id for i in whole[20:25]]
+    with pytest.raises(ValueError, match="stratify must be a bool"):
+        get_dataset("mtbench", stratify="yes")
