@@ -66,20 +66,25 @@ def config_label(config: LookaheadConfig | None) -> str:
 # Step shapes
 
 
+def _bare_logit_rows(config: LookaheadConfig) -> int:
+    """Logit rows of a warmed-up step without draft tokens: the input token's and the last level's."""
+    return 1 if config.pool_only else int(step_layout(config.window, config.ngram - 1).logit_rows.numel())
+
+
 def step_shape(config: LookaheadConfig | None, candidates: int | None = None) -> tuple[int, int]:
-    """(tokens fed, logit rows kept) of one warmed-up step with ``candidates`` candidates (default G)."""
+    """(tokens fed, logit rows kept) of one warmed-up step with ``candidates`` pool candidates of
+    N-1 tokens (at most G), or, by default, the most the config feeds (its budget, if it has one)."""
     if config is None:
         return 1, 1
-    c = config.guess if candidates is None else min(candidates, config.guess)
-    if config.pool_only:
-        layout = step_layout(0, 0, c, config.ngram - 1)
+    if candidates is None:
+        nodes = config.max_tokens_per_step - config.window_rows
     else:
-        layout = step_layout(config.window, config.ngram - 1, c, config.ngram - 1)
-    return layout.size, int(layout.logit_rows.numel())
+        nodes = min(candidates, config.guess) * (config.ngram - 1)
+    return config.window_rows + nodes, _bare_logit_rows(config) + nodes
 
 
 def logit_rows_for(config: LookaheadConfig | None, tokens: int) -> int:
-    """Logit rows of a step that fed ``tokens`` tokens (the candidate count is inferred).
+    """Logit rows of a step that fed ``tokens`` tokens: every draft token's row is kept.
 
     During the N-2 warm-up steps the window is not full yet; those rows are approximated by the
     last level's W rows plus the input token.
@@ -87,11 +92,10 @@ def logit_rows_for(config: LookaheadConfig | None, tokens: int) -> int:
     if config is None:
         return 1
     if config.pool_only:
-        return tokens                       # every row predicts a candidate token or the bonus
-    window_rows, _ = step_shape(config, 0)
-    if tokens < window_rows:
+        return tokens                       # every row predicts a draft token or the bonus
+    if tokens < config.window_rows:
         return min(tokens, config.window + 1)
-    return step_shape(config, (tokens - window_rows) // (config.ngram - 1))[1]
+    return _bare_logit_rows(config) + tokens - config.window_rows
 
 
 # ---------------------------------------------------------------------------------------------
@@ -323,13 +327,20 @@ class ChoiceReport:
 
 
 def upper_bound(cost: CostModel, config: LookaheadConfig, host_seconds: float | None = None) -> float:
-    """The best speedup ``config`` could reach: a step without candidates commits 1 token, one
-    with candidates at most N (N-1 candidate tokens and the model's own next token)."""
+    """The best speedup ``config`` could reach: a step without drafts commits 1 token, one with a
+    single draft of D tokens at most D + 1 (the draft and the model's own next token), D being the
+    deepest draft the config proposes within its budget."""
     host = cost.host_seconds if host_seconds is None else host_seconds
     greedy = cost.step_seconds(None)
-    bare = cost.latency(*step_shape(config, 0)) + host
-    with_one = cost.latency(*step_shape(config, 1)) + host if config.guess else float("inf")
-    return max(greedy / bare, config.ngram * greedy / with_one)
+    bare_tokens, bare_rows = step_shape(config, 0)
+    bare = cost.latency(bare_tokens, bare_rows) + host
+    depth = (config.ngram - 1) if config.guess else 0
+    if config.suffix or config.recycle:
+        depth = max(depth, config.draft_depth)
+    if config.budget:
+        depth = min(depth, config.budget - bare_tokens)
+    with_one = cost.latency(bare_tokens + depth, bare_rows + depth) + host if depth else float("inf")
+    return max(greedy / bare, (depth + 1) * greedy / with_one)
 
 
 def _run_prompts(model, prompts, config, limits, sampling=None) -> tuple[DecodeStats, float]:

@@ -1,10 +1,12 @@
-"""The decode loop: greedy baseline, lookahead (W, N, G), prompt pool and pool-only, greedy or sampled.
+"""The decode loop: greedy baseline, lookahead (W, N, G), prompt pool, pool-only and token trees,
+greedy or sampled.
 
 One loop serves every mode. Each step:
-  1. gather candidates: the pool's continuations of the last committed token;
-  2. fuse input token + window + candidates into one forward (layout.py builds mask and positions);
-  3. verify: the accepted candidate prefix plus one token of the model's own (verify.py);
-  4. commit: keep the KV rows of the accepted tokens, advance the window, feed the pool.
+  1. gather drafts from the sources (drafts.py: the n-gram pool, suffix matches, recycled
+     successors) into one tree, cut to the token budget;
+  2. fuse input token + window + tree into one forward (layout.py builds mask and positions);
+  3. verify: walk the tree, the accepted path plus one token of the model's own (verify.py);
+  4. commit: keep the KV rows of the accepted path, advance the window, update the sources.
 """
 
 from __future__ import annotations
@@ -12,16 +14,16 @@ from __future__ import annotations
 import copy
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from .config import DecodeLimits, LookaheadConfig, SamplingConfig
-from .layout import causal_layout, step_layout
+from .drafts import DraftStats, Proposer, StepOutcome
+from .layout import EMPTY_TREE, DraftTree, causal_layout, step_layout
 from .model_io import CausalLM, commit_kv, truncate_kv
 from .pool import NGramPool
-from .verify import Verifier, make_verifier
-from .window import JacobiWindow
+from .verify import Verdict, Verifier, make_verifier
 
 
 @dataclass
@@ -36,6 +38,7 @@ class DecodeStats:
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0                           # the whole step loop
     model_seconds: float = 0.0                            # inside the model's forward
+    drafts: DraftStats = field(default_factory=DraftStats)  # fed / tried / accepted per source and depth
 
     @property
     def compression(self) -> float:
@@ -109,29 +112,27 @@ def decode(
 
     cache, logits = _prefill(lm, prompt, state, stats)
     tokens = list(prompt)                 # committed context; the last one has no KV yet
-    first = verify(torch.zeros(1, 0, dtype=torch.long), logits[None, None])
+    first = verify(EMPTY_TREE, logits[None])
     new = _accept(tokens, first.tokens, 0, limits, tokenizer, len(prompt))
 
     pool = _pool_for(lookahead, state)
-    window = None
+    proposer = None
     if lookahead is not None:
-        if lookahead.prompt_pool:
-            pool.add_from_sequence(tokens)
-        if lookahead.uses_window:
-            window = JacobiWindow(lookahead.window, lookahead.ngram, prompt, lookahead.seed)
+        proposer = Proposer.from_config(lookahead, tokens, pool, prompt)
+        proposer.stats = stats.drafts
 
     start = time.perf_counter()
     while not new.done:
-        step = _step(lm, cache, tokens, window, pool, verify, stats)
+        step = _step(lm, cache, tokens, proposer, verify, stats)
         stats.steps += 1
         before = len(tokens)
-        new = _accept(tokens, step.tokens, new.count, limits, tokenizer, len(prompt))
+        new = _accept(tokens, step.verdict.tokens, new.count, limits, tokenizer, len(prompt))
         kept = len(tokens) - before          # what survived EOS / max / stop truncation
         stats.accepted.append(kept)
-        # KV of the input token and of the accepted candidate tokens; the last token has none yet.
-        commit_kv(cache, len(step.past), [0] + step.winner_rows[: kept - 1])
-        if lookahead is not None and lookahead.prompt_pool:
-            pool.add_from_sequence(tokens, new_from=before)
+        # KV of the input token and of the accepted path's nodes; the last token has none yet.
+        commit_kv(cache, step.past, [0] + step.path_rows[: kept - 1])
+        if proposer is not None:
+            proposer.update(replace(step.outcome, context=tokens, new_from=before), step.tree, step.verdict.path)
     stats.decode_seconds = time.perf_counter() - start
     stats.new_tokens = new.count
 
@@ -147,21 +148,25 @@ class _Progress:
 
 @dataclass(frozen=True)
 class _StepResult:
-    tokens: list[int]
-    winner_rows: list[int]
-    past: range
+    verdict: Verdict
+    tree: DraftTree
+    path_rows: list[int]           # rows holding the KV of the accepted path's nodes
+    past: int
+    outcome: StepOutcome           # for the sources; context and new_from are filled in after the commit
 
 
-def _step(lm: CausalLM, cache, tokens: list[int], window: JacobiWindow | None,
-          pool: NGramPool | None, verify: Verifier, stats: DecodeStats) -> _StepResult:
-    """One fused forward: returns the committed tokens and the rows holding their KV."""
+def _step(lm: CausalLM, cache, tokens: list[int], proposer: Proposer | None, verify: Verifier,
+          stats: DecodeStats) -> _StepResult:
+    """One fused forward: the verdict, and the rows holding the KV of its accepted path."""
     x = tokens[-1]
     past = cache.get_seq_length()                       # == len(tokens) - 1
-    cands = pool.candidates(x) if pool is not None else []
-    cand_len = pool.ngram - 1 if pool is not None else 0
+    window = proposer.window if proposer is not None else None
     levels = len(window.levels) if window is not None else 0
-    layout = step_layout(window.window if window else 0, levels, len(cands), cand_len)
-    fed = [x] + (window.tokens() if window else []) + [t for c in cands for t in c]
+    window_width = window.window if window is not None else 0
+    window_tokens = window.tokens() if window is not None else []
+    tree = proposer.propose(tokens, 1 + len(window_tokens)) if proposer is not None else EMPTY_TREE
+    layout = step_layout(window_width, levels, tree.parents)
+    fed = [x] + window_tokens + list(tree.tokens)
 
     t0 = time.perf_counter()
     visible = None if layout.causal else layout.visible           # None: the model's own causal mask
@@ -171,14 +176,15 @@ def _step(lm: CausalLM, cache, tokens: list[int], window: JacobiWindow | None,
     stats.model_seconds += time.perf_counter() - t0
     stats.step_tokens.append(layout.size)
 
-    candidates = torch.tensor(cands, dtype=torch.long) if cands else torch.zeros(1, 0, dtype=torch.long)
-    verdict = verify(candidates, logits[layout.verify_logits])            # logits (c, N, V)
+    verdict = verify(tree, logits[layout.tree_logits])                     # logits (n+1, V)
+    outcome = StepOutcome((), 0, x)
     if window is not None:
-        new_window = logits[layout.last_level_logits].argmax(-1).tolist()  # (W,)
-        grams = window.update(x, new_window)
-        pool.add_all(grams)
-    winner_rows = layout.candidate_rows[verdict.winner, : verdict.matched].tolist() if cands else []
-    return _StepResult(verdict.tokens, winner_rows, range(past))
+        outcome = replace(outcome, window_next=logits[layout.last_level_logits].argmax(-1).tolist())
+    if proposer is not None and proposer.topk:
+        outcome = replace(outcome, row_tokens=[fed[r] for r in layout.logit_rows.tolist()],
+                          row_topk=logits.topk(proposer.topk, dim=-1).indices.cpu())
+    path_rows = layout.tree_rows[verdict.path].tolist() if verdict.path else []
+    return _StepResult(verdict, tree, path_rows, past, outcome)
 
 
 def _accept(tokens: list[int], proposed: list[int], count: int, limits: DecodeLimits,
