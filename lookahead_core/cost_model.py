@@ -54,12 +54,22 @@ def default_grid() -> list[LookaheadConfig]:
 
 
 def config_label(config: LookaheadConfig | None) -> str:
-    """A short name: ``greedy``, ``la_N5W15G15``, ``la_N5W15G15_pool``, ``pool_N4G3``."""
+    """A short name: ``greedy``, ``la_N5W15G15``, ``la_N5W15G15_pool``, ``pool_N4G3``, and for
+    token trees and the other sources ``..._tree_sfx4_rc4_d6_k8`` (suffix drafts, recycled top-k,
+    draft depth, token budget; each only when set)."""
     if config is None:
         return "greedy"
     if config.pool_only:
-        return f"pool_N{config.ngram}G{config.guess}"
-    return f"la_N{config.ngram}W{config.window}G{config.guess}" + ("_pool" if config.prompt_pool else "")
+        label = f"pool_N{config.ngram}G{config.guess}"
+    else:
+        label = f"la_N{config.ngram}W{config.window}G{config.guess}" + ("_pool" if config.prompt_pool else "")
+    for flag, value in (("_tree", config.tree), ("_sfx", config.suffix), ("_rc", config.recycle),
+                        ("_d", config.depth), ("_k", config.budget)):
+        if value is True:
+            label += flag
+        elif value:
+            label += f"{flag}{value}"
+    return label
 
 
 # ---------------------------------------------------------------------------------------------
@@ -262,7 +272,8 @@ class Calibration:
     """One config's calibration on the prompts: its per-step record and what it predicts."""
 
     config: LookaheadConfig | None
-    status: str                           # "calibrated" or "pruned" (its upper bound could not win)
+    status: str                           # "calibrated", "screened" (short run only, not a finalist)
+                                          # or "pruned" (its upper bound could not win)
     upper_bound: float                    # speedup if every step accepted N tokens
     steps: int = 0
     accepted: int = 0                     # tokens committed by the decode steps
@@ -369,6 +380,8 @@ def choose_config(
     kv_length: int | None = None,
     sampling: SamplingConfig | None = None,
     progress: Callable[[str], None] | None = None,
+    screen_tokens: int | None = None,
+    finalists: int = 3,
 ) -> tuple[LookaheadConfig | None, ChoiceReport]:
     """Pick the config of ``grid`` (default :func:`default_grid`) predicted fastest on this device.
 
@@ -381,7 +394,10 @@ def choose_config(
        Each other config decodes every calibration prompt; its prediction is
        ``CostModel.predict_steps`` over its actual steps (so the real number of candidates per step
        counts, not G), with its own host time.
-    4. The best prediction wins if it exceeds ``min_speedup``; otherwise greedy (``None``).
+    4. With ``screen_tokens`` (fewer than ``limits.max_new_tokens``), step 3 is a short screen that
+       decodes only that many tokens per prompt; then the ``finalists`` best screened configs (and
+       every one in ``always_calibrate``) are calibrated in full, and only those can win.
+    5. The best full prediction wins if it exceeds ``min_speedup``; otherwise greedy (``None``).
 
     S grows with the length of the text (the pool fills up), so S from short calibrations is a
     slight underestimate for long generations. With ``sampling``, every calibration decode samples
@@ -410,27 +426,36 @@ def choose_config(
     greedy = Calibration(None, "calibrated", 1.0, greedy_stats.steps, sum(greedy_stats.accepted),
                          1.0, greedy_host, greedy_seconds, 1.0, 1.0)
 
+    def calibrate(config: LookaheadConfig, run_limits: DecodeLimits, status: str, bound: float) -> Calibration:
+        say(f"{status.replace('calibrated', 'calibrating')} {config_label(config)}")
+        stats, seconds = _run_prompts(lm, calibration_prompts, config, run_limits, sampling)
+        host = max(0.0, stats.decode_seconds - stats.model_seconds) / max(stats.steps, 1)
+        predicted = cost_model.predict_steps(config, stats.step_tokens, stats.accepted, host_seconds=host)
+        per_token = seconds / max(sum(stats.accepted), 1)
+        return Calibration(
+            config, status, bound, stats.steps, sum(stats.accepted),
+            statistics.fmean(stats.step_tokens) if stats.step_tokens else 0.0, host, seconds,
+            predicted, greedy_per_token / per_token if per_token else None,
+        )
+
     ranked = sorted(grid, key=lambda c: -upper_bound(cost_model, c))
     results = [greedy]
     best = max(1.0, min_speedup)
+    screening = screen_tokens is not None and screen_tokens < limits.max_new_tokens
+    first_limits = replace(limits, max_new_tokens=screen_tokens) if screening else limits
     for config in ranked:
         bound = upper_bound(cost_model, config)
         if prune and bound <= best and config not in always_calibrate:
             results.append(Calibration(config, "pruned", bound))
             continue
-        say(f"calibrating {config_label(config)}")
-        stats, seconds = _run_prompts(lm, calibration_prompts, config, limits, sampling)
-        host = max(0.0, stats.decode_seconds - stats.model_seconds) / max(stats.steps, 1)
-        predicted = cost_model.predict_steps(config, stats.step_tokens, stats.accepted, host_seconds=host)
-        per_token = seconds / max(sum(stats.accepted), 1)
-        results.append(Calibration(
-            config, "calibrated", bound, stats.steps, sum(stats.accepted),
-            statistics.fmean(stats.step_tokens) if stats.step_tokens else 0.0, host, seconds,
-            predicted, greedy_per_token / per_token if per_token else None,
-        ))
-        best = max(best, predicted)
+        results.append(calibrate(config, first_limits, "screened" if screening else "calibrated", bound))
+        best = max(best, results[-1].predicted)
+    if screening:
+        screened = sorted((c for c in results if c.status == "screened"), key=lambda c: -c.predicted)
+        finals = {id(c) for c in screened[:finalists]} | {id(c) for c in screened if c.config in always_calibrate}
+        results = [calibrate(c.config, limits, "calibrated", c.upper_bound) if id(c) in finals else c for c in results]
 
-    winner = max((c for c in results if c.predicted is not None), key=lambda c: c.predicted)
+    winner = max((c for c in results if c.status == "calibrated"), key=lambda c: c.predicted)
     chosen = winner.config if winner.config is not None and winner.predicted > min_speedup else None
     report = ChoiceReport(cost_model, chosen, results, len(calibration_prompts), limits.max_new_tokens,
                           time.perf_counter() - started)
