@@ -107,6 +107,13 @@ def parse_ints(text: str, count: int) -> tuple[int, ...]:
     return values
 
 
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
 def parse_core(text: str) -> LookaheadConfig:
     """``ngram=5,window=7,guess=7,prompt_pool=1,tree=1`` -> that LookaheadConfig (bools as 0/1)."""
     fields = {f.name: f.type for f in dataclasses.fields(LookaheadConfig)}
@@ -650,21 +657,41 @@ def calibrate(session: Session, prompts: list[list[int]], tokens: int, core: Seq
 # Entry points
 
 
+def benchmark_items(dataset, args: argparse.Namespace) -> tuple[list[Item], list[Item]]:
+    """The benchmark prompts and the calibration prompts, never the same items.
+
+    ``--every K`` takes every K-th item from ``--offset`` on (spread over a dataset's categories,
+    e.g. MT-Bench's 8 blocks of 10); calibration then uses the items right after the first few
+    benchmark items (offset + 1, offset + 1 + K, ...). With K = 1 the benchmark takes consecutive
+    items and calibration the ones right after them (or from ``--calibration-offset``).
+    """
+    every = args.every
+    if every == 1:
+        items = dataset.load(args.data_root, args.limit, args.offset, source="local")
+        start = args.calibration_offset if args.calibration_offset is not None else args.offset + len(items)
+        return items, dataset.load(args.data_root, args.calibration_prompts, start, source="local")
+    everything = dataset.load(args.data_root, None, 0, source="local")
+    items = everything[args.offset::every][:args.limit]
+    start = args.calibration_offset if args.calibration_offset is not None else args.offset + 1
+    calibration = everything[start::every][:args.calibration_prompts]
+    taken = {item.item_id for item in items}
+    if any(item.item_id in taken for item in calibration):
+        raise ValueError("calibration items overlap the benchmark items; choose another --calibration-offset")
+    return items, calibration
+
+
 def run(args: argparse.Namespace) -> Path:
     started = time.perf_counter()
     out = Path(args.out)
     if args.threads:
         torch.set_num_threads(args.threads)
     dataset = get_dataset(args.dataset)
-    items = dataset.load(args.data_root, args.limit, args.offset, source="local")
+    items, calibration_items = benchmark_items(dataset, args)
     session = Session.load(args.model, args.dtype, args.device)
     core = core_decoders(args.configs, args.pool, args.pool_only, args.core)
 
     calibration = None
     if args.auto or args.predict:
-        calibration_items = dataset.load(args.data_root, args.calibration_prompts,
-                                         args.calibration_offset if args.calibration_offset is not None
-                                         else args.offset + len(items), source="local")
         prompts = [session.prompt_ids(dataset, item) for item in calibration_items]
         calibration = calibrate(session, prompts, args.calibration_tokens, core, args.auto, args.predict, out)
     auto: LookaheadConfig | None | bool = False
@@ -713,6 +740,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-root", default=None)
     parser.add_argument("--limit", type=int, default=20)
     parser.add_argument("--offset", type=int, default=0)
+    parser.add_argument("--every", type=positive_int, default=1,
+                        help="take every K-th item from --offset (spread over categories); default consecutive")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--configs", nargs="*", type=lambda s: parse_ints(s, 3), default=[(5, 15, 15), (5, 7, 7), (4, 5, 5), (3, 4, 4)],
                         help="lookahead configs as N,W,G")

@@ -190,8 +190,11 @@ def read_acceptance(paths: Sequence[str]) -> list[dict]:
     for g in groups.values():
         row = g["row"]
         pool_only = row["pool_only"] == "True"
-        config = LookaheadConfig(window=1 if pool_only else int(row["W"]), ngram=int(row["N"]), guess=int(row["G"]),
-                                 prompt_pool=row["prompt_pool"] == "True", pool_only=pool_only)
+        if row.get("lookahead"):             # every field, token trees included (newer rows)
+            config = LookaheadConfig(**json.loads(row["lookahead"]))
+        else:
+            config = LookaheadConfig(window=1 if pool_only else int(row["W"]), ngram=int(row["N"]),
+                                     guess=int(row["G"]), prompt_pool=row["prompt_pool"] == "True", pool_only=pool_only)
         out.append({"source": g["source"], "decoder": g["decoder"], "config": config,
                     "S": g["tokens"] / g["steps"] if g["steps"] else 1.0,
                     "tokens_per_step": statistics.fmean(g["step_tokens"])})
