@@ -227,7 +227,8 @@ class Proposer:
         sources: list[DraftSource] = []
         if config.suffix:
             sources.append(SuffixSource(config.suffix, config.draft_depth, context))
-        sources.append(NGramSource(pool, window, config.prompt_pool, context))
+        if config.guess or window is not None:
+            sources.append(NGramSource(pool, window, config.prompt_pool, context))
         if config.recycle:
             sources.append(RecycleSource(config.recycle, config.draft_depth))
         return cls(sources, merge=config.tree, budget=config.budget, window=window)
