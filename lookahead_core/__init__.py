@@ -10,7 +10,7 @@ Pass a ``CausalLM(model)`` instead of the model to skip re-inspecting it on ever
 """
 
 from .config import DecodeLimits, LookaheadConfig, SamplingConfig
-from .decoder import DecodeOutput, DecodeState, DecodeStats, decode
+from .decoder import DecodeOutput, DecodeState, DecodeStats, decode, decode_batch
 from .model_io import CausalLM
 from .pool import NGramPool
 
@@ -24,4 +24,5 @@ __all__ = [
     "NGramPool",
     "SamplingConfig",
     "decode",
+    "decode_batch",
 ]

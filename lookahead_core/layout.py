@@ -259,29 +259,38 @@ def attention_mask(
     offsets: torch.Tensor,
     visible: torch.Tensor,
     past_len: int,
-    position: int,
+    position,
     *,
     sliding_window: int | None,
     dtype: torch.dtype,
     device: torch.device | str = "cpu",
+    valid: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Float additive mask (1, 1, q, past_len + q): 0 where a row may attend, dtype-min elsewhere.
+    """Float additive mask (B, 1, q, past_len + q): 0 where a row may attend, dtype-min elsewhere.
 
-    The committed cache holds positions 0..past_len-1 (one KV row per position). A sliding-window
-    layer additionally hides every key whose position is ``sliding_window`` or more behind the query,
-    the same rule transformers applies (``kv_idx > q_idx - sliding_window``).
+    One sequence: ``offsets`` (q,), ``visible`` (q, q), ``position`` an int, B = 1. A batch:
+    ``offsets`` (B, q), ``visible`` (B, q, q), ``position`` (B,), one row per sequence.
 
-    Built on ``device``: only the (q,) offsets and the (q, q) pattern are copied there, never the
+    Cache slot j < past_len holds position j of every sequence. Sequence b's committed KV is its
+    first ``valid[b]`` slots (default: all ``past_len``); its later slots (padding, rows its step did
+    not keep, room other sequences use) are hidden. A sliding-window layer additionally hides every
+    key whose position is ``sliding_window`` or more behind the query, the same rule transformers
+    applies (``kv_idx > q_idx - sliding_window``).
+
+    Built on ``device``: only offsets, pattern and lengths are copied there, never the
     (q, past_len + q) mask, which grows with the context.
     """
-    q = offsets.numel()
+    q = offsets.shape[-1]
+    offsets = offsets.reshape(-1, q).to(device)
+    visible = visible.reshape(-1, q, q).to(device)
     blocked = torch.finfo(dtype).min
-    mask = torch.zeros(q, past_len + q, dtype=dtype, device=device)
-    mask[:, past_len:].masked_fill_(~visible.to(device), blocked)
+    mask = torch.zeros(offsets.shape[0], q, past_len + q, dtype=dtype, device=device)
+    mask[:, :, past_len:].masked_fill_(~visible, blocked)
+    slots = torch.arange(past_len, device=device)
+    if valid is not None:
+        mask[:, :, :past_len].masked_fill_(slots >= valid.to(device)[:, None, None], blocked)
     if sliding_window is not None:
-        query_pos = position + offsets.to(device)                                          # (q,)
-        key_pos = torch.cat([torch.arange(past_len, device=device), query_pos])            # (past + q,)
-        mask.masked_fill_((query_pos[:, None] - key_pos[None, :]) >= sliding_window, blocked)
-    return mask[None, None]
-
-
+        query_pos = torch.as_tensor(position, device=device).reshape(-1, 1) + offsets           # (B, q)
+        key_pos = torch.cat([slots.expand(len(query_pos), past_len), query_pos], dim=1)        # (B, past + q)
+        mask.masked_fill_((query_pos[:, :, None] - key_pos[:, None, :]) >= sliding_window, blocked)
+    return mask[:, None]

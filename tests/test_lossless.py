@@ -304,5 +304,5 @@ def test_model_built_causal_mask_equals_the_explicit_one(arch, attn):
         outs.append((first, step))
     torch.testing.assert_close(outs[0][0], outs[1][0], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(outs[0][1], outs[1][1], rtol=1e-5, atol=1e-5)
-    with pytest.raises(ValueError, match="causal chain"):
+    with pytest.raises(ValueError, match="right after the cache"):
         lm.forward(lm.new_cache(), [1, 2], torch.arange(2), None, 3, torch.arange(2))
