@@ -28,7 +28,7 @@ from __future__ import annotations
 import bisect
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -36,7 +36,7 @@ import torch
 from .config import DecodeLimits, LookaheadConfig, SamplingConfig
 from .decoder import DecodeStats, decode
 from .layout import causal_layout, step_layout
-from .model_io import CausalLM, truncate_kv
+from .model_io import CausalLM, Feed, truncate_kv
 
 DEFAULT_SIZES: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 
@@ -154,6 +154,7 @@ class CostModel:
     host_seconds: float = 0.0
     device: str = "cpu"
     kv_length: int = 0
+    batch: int = 1               # sequences per forward
 
     def __post_init__(self) -> None:
         if not self.tokens or self.tokens[0] != 1 or list(self.tokens) != sorted(set(self.tokens)):
@@ -203,7 +204,8 @@ class CostModel:
     def to_rows(self) -> list[dict]:
         ones = self.seconds_one_logit or (None,) * len(self.tokens)
         return [{"tokens": k, "seconds": s, "seconds_one_logit": o, "ratio": s / self.seconds[0],
-                 "host_seconds": self.host_seconds, "device": self.device, "kv_length": self.kv_length}
+                 "host_seconds": self.host_seconds, "device": self.device, "kv_length": self.kv_length,
+                 "batch": self.batch}
                 for k, s, o in zip(self.tokens, self.seconds, ones)]
 
     @classmethod
@@ -218,6 +220,7 @@ class CostModel:
             host_seconds=float(rows[0].get("host_seconds") or 0.0),
             device=str(rows[0].get("device") or "cpu"),
             kv_length=int(rows[0].get("kv_length") or 0),
+            batch=int(rows[0].get("batch") or 1),
         )
 
 
@@ -235,8 +238,10 @@ def measure_latency(
     repeats: int = 5,
     one_logit: bool = True,
     seed: int = 0,
+    batch: int = 1,
 ) -> CostModel:
-    """Time ``CausalLM.forward`` of k random tokens after a ``kv_length``-token cache, for each k.
+    """Time ``CausalLM.forward`` of k random tokens after a ``kv_length``-token cache, for each k
+    (``batch`` > 1: a batched forward of that many sequences, k tokens each, the curve t(B, k)).
 
     Each size is timed ``repeats`` times and the fastest time is kept (on a shared machine other jobs
     only ever add time, and a few interfered rounds bend a median-based curve enough to flip
@@ -254,7 +259,7 @@ def measure_latency(
     cache = lm.new_cache()
     prefix = torch.randint(0, vocab, (max(kv_length, 1),), generator=gen).tolist()
     offsets, _ = causal_layout(len(prefix))
-    lm.forward(cache, prefix, offsets, None, 0, torch.tensor([len(prefix) - 1]))
+    lm.forward_batch(cache, [Feed(prefix, offsets, None, 0, torch.tensor([len(prefix) - 1]))] * batch)
     past = len(prefix)
     variants = [False, True] if one_logit else [False]
     times: dict[tuple[int, bool], list[float]] = {(k, v): [] for k in sizes for v in variants}
@@ -267,7 +272,7 @@ def measure_latency(
             rows = torch.tensor([k - 1]) if single else torch.arange(k)
             _synchronize(lm.device)
             start = time.perf_counter()
-            lm.forward(cache, tokens, offsets, None, past, rows)
+            lm.forward_batch(cache, [Feed(tokens, offsets, None, past, rows)] * batch)
             _synchronize(lm.device)
             elapsed = time.perf_counter() - start
             truncate_kv(cache, past)
@@ -275,7 +280,7 @@ def measure_latency(
                 times[(k, single)].append(elapsed)
     full = tuple(min(times[(k, False)]) for k in sizes)
     ones = tuple(min(times[(k, True)]) for k in sizes) if one_logit else None
-    return CostModel(tuple(sizes), full, ones, device=str(lm.device), kv_length=past)
+    return CostModel(tuple(sizes), full, ones, device=str(lm.device), kv_length=past, batch=batch)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -475,3 +480,51 @@ def choose_config(
     report = ChoiceReport(cost_model, chosen, results, len(calibration_prompts), limits.max_new_tokens,
                           time.perf_counter() - started)
     return chosen, report
+
+
+# ---------------------------------------------------------------------------------------------
+# Batches: t(B, k), the time of one batched decode, and auto per batch size
+
+
+def batch_latency(costs: Mapping[int, CostModel], batch: int, tokens: float, logit_rows: float | None = None) -> float:
+    """Seconds of one forward of ``batch`` sequences of ``tokens`` tokens each (padding included),
+    from curves measured at several batch sizes (``costs[B]``), piecewise linear in B."""
+    sizes = sorted(costs)
+    return _interpolate(sizes, [costs[b].latency(tokens, logit_rows) for b in sizes], batch)
+
+
+def batch_seconds(costs: Mapping[int, CostModel], config: LookaheadConfig | None,
+                  step_tokens: Sequence[Sequence[int]]) -> float:
+    """Predicted seconds of the steps of one batched decode from each sequence's per-step record
+    (``DecodeStats.step_tokens``): step s feeds every sequence that takes more than s steps, each
+    padded to the largest of them, as ``decode_batch`` runs it."""
+    total = 0.0
+    for s in range(max(map(len, step_tokens), default=0)):
+        live = [record[s] for record in step_tokens if len(record) > s]
+        k = max(live)
+        total += batch_latency(costs, len(live), k, logit_rows_for(config, k))
+    return total
+
+
+def predict_batch(costs: Mapping[int, CostModel], config: LookaheadConfig | None,
+                  step_tokens: Sequence[Sequence[int]], accepted: Sequence[Sequence[int]]) -> float:
+    """Speedup over batched greedy of one batch, from its sequences' per-step records: greedy takes
+    one step per token each sequence's steps committed."""
+    greedy = [[1] * sum(a) for a in accepted]
+    return batch_seconds(costs, None, greedy) / batch_seconds(costs, config, step_tokens)
+
+
+def choose_for_batch(costs: Mapping[int, CostModel],
+                     calibration: Mapping[str, tuple[LookaheadConfig | None, Sequence[tuple[Sequence[int], Sequence[int]]]]],
+                     batch: int) -> tuple[str, dict[str, float]]:
+    """``auto`` for a batch of ``batch`` sequences: the calibrated config (label -> (config, per
+    sequence (step_tokens, accepted) from calibration prompts)) with the best predicted speedup over
+    batched greedy, for a batch made of the calibration sequences taken in turn; ``"greedy"`` when
+    none is predicted above 1. Returns the pick and every prediction."""
+    predicted = {"greedy": 1.0}
+    for label, (config, records) in calibration.items():
+        if config is None or not records:
+            continue
+        rows = [records[b % len(records)] for b in range(batch)]
+        predicted[label] = predict_batch(costs, config, [r[0] for r in rows], [r[1] for r in rows])
+    return max(predicted, key=predicted.get), predicted

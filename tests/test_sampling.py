@@ -25,13 +25,14 @@ def model():
     return tiny_random_model("llama", seed=0, vocab_size=VOCAB, initializer_range=0.05)
 
 
-def exact_distribution(model, sampling):
-    """P(first DEPTH tokens) by enumeration: the product of the warped next-token distributions."""
+def exact_distribution(model, sampling, prompt=PROMPT):
+    """P(first DEPTH tokens) after ``prompt`` by enumeration: the product of the warped next-token
+    distributions."""
     warper = make_warper(sampling)
     probs = {}
     with torch.inference_mode():
         for seq in itertools.product(range(VOCAB), repeat=DEPTH - 1):
-            logits = model(torch.tensor([PROMPT + list(seq)])).logits[0, len(PROMPT) - 1:]     # (DEPTH, V)
+            logits = model(torch.tensor([prompt + list(seq)])).logits[0, len(prompt) - 1:]     # (DEPTH, V)
             steps = sampling_probs(logits, warper)
             prefix = steps[0, seq[0]] * (steps[1, seq[1]] if DEPTH > 2 else 1)
             for last in range(VOCAB):
