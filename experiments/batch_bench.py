@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import json
 import os
 import subprocess
@@ -53,7 +54,7 @@ DECODERS: dict[str, LookaheadConfig | None] = {
 BASELINE = "hf_greedy"
 COLUMNS = ("dataset", "B", "batch", "decoder", "item_id", "composition", "prompt_tokens", "new_tokens", "steps",
            "S", "step_tokens", "accepted", "batch_new_tokens", "batch_forwards", "batch_decode_s", "batch_wall_s",
-           "batch_tokens_per_s", "matches_hf_greedy", "max_new_tokens", "threads", "load_avg")
+           "batch_tokens_per_s", "matches_hf_greedy", "lookahead", "max_new_tokens", "threads", "load_avg")
 LATENCY_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 
 
@@ -112,7 +113,8 @@ def batch_rows(dataset: str, B: int, index: int, items, prompts, results: dict[s
                 "batch_new_tokens": new, "batch_forwards": result["forwards"],
                 "batch_decode_s": round(result["decode_s"], 5), "batch_wall_s": round(result["wall_s"], 5),
                 "batch_tokens_per_s": round(new / result["decode_s"], 3),
-                "matches_hf_greedy": result["tokens"][b] == reference[b], **settings,
+                "matches_hf_greedy": result["tokens"][b] == reference[b],
+                "lookahead": json.dumps(dataclasses.asdict(DECODERS[name])) if DECODERS[name] else "", **settings,
             })
     return rows
 
