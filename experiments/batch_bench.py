@@ -277,6 +277,34 @@ def plot(summary: pd.DataFrame, path: Path, title: str) -> Path:
     return path
 
 
+def roofline_costs(params: float, bandwidth: float, flops: float, batch_sizes: Sequence[int],
+                   bytes_per_param: int = 2) -> dict[int, cm.CostModel]:
+    """An ASSUMED t(B, k), not a measurement: a forward of T = B x k tokens takes the longer of reading
+    the weights once (``params x bytes / bandwidth``) and computing them (``2 x params x T / flops``);
+    KV-cache reads, the same for every k at a given B, are left out. For projecting onto hardware
+    this session has no access to; ``scripts/gpu_bench.py --batch-rows`` measures the real curve."""
+    sizes = tuple(sorted(set(LATENCY_SIZES) | {64, 128}))
+    read = params * bytes_per_param / bandwidth
+    return {B: cm.CostModel(sizes, tuple(max(read, 2 * params * B * k / flops) for k in sizes), device="roofline",
+                            batch=B) for B in batch_sizes}
+
+
+def project_roofline(df: pd.DataFrame, costs: dict[int, cm.CostModel]) -> pd.DataFrame:
+    """Projected speedup over batched greedy per dataset, draft decoder and B, for batches made of
+    every measured sequence's per-step record (B = 1 runs and batch runs alike, each sequence once)
+    taken in turn: acceptance from the real model, step times from ``costs``."""
+    rows = []
+    seqs = df[df.step_tokens.notna() & ~df.decoder.isin([BASELINE, "core_greedy"])].drop_duplicates(
+        ["dataset", "decoder", "item_id"])
+    for (dataset, name), group in seqs.groupby(["dataset", "decoder"]):
+        records = [(json.loads(r.step_tokens), json.loads(r.accepted)) for r in group.itertuples()]
+        for B in sorted(costs):
+            batch = [records[b % len(records)] for b in range(B)]
+            rows.append({"dataset": dataset, "decoder": name, "B": B, "sequences": len(records),
+                         "projected": cm.predict_batch(costs, DECODERS[name], [r[0] for r in batch], [r[1] for r in batch])})
+    return pd.DataFrame(rows)
+
+
 def _markdown(df: pd.DataFrame) -> str:
     def cell(v):
         return f"{v:.3g}" if isinstance(v, float) else str(v)
@@ -338,11 +366,28 @@ def main(argv: Sequence[str] | None = None) -> None:
     go.add_argument("--out", default="results/batch")
     rep = sub.add_parser("report")
     rep.add_argument("--out", default="results/batch")
+    roof = sub.add_parser("roofline", help="project onto assumed hardware (no measurement): see roofline_costs")
+    roof.add_argument("--out", default="results/batch")
+    roof.add_argument("--params", type=float, default=6.74e9, help="parameters (default Llama-2-7B)")
+    roof.add_argument("--bandwidth", type=float, default=4.8e12, help="bytes/s (default H200 HBM3e)")
+    roof.add_argument("--flops", type=float, default=0.5 * 989e12, help="FLOP/s (default half of H200 dense fp16)")
+    roof.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32, 64, 128])
     args = parser.parse_args(argv)
     if args.command == "run":
         print(f"wrote {run(args)}")
-    else:
+    elif args.command == "report":
         print(report(Path(args.out)))
+    else:
+        out = Path(args.out)
+        table = project_roofline(pd.read_csv(out / "rows.csv"),
+                                 roofline_costs(args.params, args.bandwidth, args.flops, args.batch_sizes))
+        wide = table.pivot_table(index=["dataset", "decoder"], columns="B", values="projected").reset_index()
+        wide.columns = [f"B={c}" if not isinstance(c, str) else c for c in wide.columns]
+        text = (f"# Roofline projection (ASSUMED hardware, not measured): {args.params:.3g} params, fp16, "
+                f"{args.bandwidth:.3g} B/s, {args.flops:.3g} FLOP/s\n\nSpeedup over batched greedy, acceptance "
+                f"from the measured sequences in rows.csv:\n\n{_markdown(wide)}\n")
+        (out / "roofline.md").write_text(text)
+        print(text)
 
 
 if __name__ == "__main__":

@@ -88,3 +88,13 @@ def test_gpu_bench_projects_batches_from_the_rows(bench_dir: Path, tmp_path: Pat
     assert set(projection.decoder) == set(batch_bench.DECODERS) - {"hf_greedy", "core_greedy"}
     assert set(projection.B) == {1, 3} and (projection.projected > 0).all()
     assert "Projected speedup over batched greedy" in (tmp_path / "summary.md").read_text()
+
+
+def test_roofline_projection_is_flat_then_compute_bound(bench_dir: Path):
+    costs = batch_bench.roofline_costs(1e9, 1e12, 1e14, [1, 64])        # read 2 ms; compute 0.02 ms per token
+    assert cm.batch_latency(costs, 1, 8) == pytest.approx(0.002)
+    assert cm.batch_latency(costs, 64, 8) == pytest.approx(2 * 1e9 * 512 / 1e14)
+    table = batch_bench.project_roofline(pd.read_csv(bench_dir / "rows.csv"), costs)
+    assert set(table.B) == {1, 64} and (table.projected > 0).all()
+    batch_bench.main(["roofline", "--out", str(bench_dir), "--batch-sizes", "1", "4"])
+    assert "ASSUMED" in (bench_dir / "roofline.md").read_text()
