@@ -235,7 +235,7 @@ def auto_choices(df: pd.DataFrame, costs: dict[int, cm.CostModel], summary: pd.D
         calibration = {name: (DECODERS[name], [(json.loads(r.step_tokens), json.loads(r.accepted))
                                                for r in runs.itertuples()])
                        for name, runs in group.groupby("decoder") if name not in (BASELINE, "core_greedy")}
-        for B in sorted(df.B.unique()):
+        for B in sorted(df[df.dataset == dataset].B.unique()):
             pick, predicted = cm.choose_for_batch(costs, calibration, int(B))
             measured = summary[(summary.dataset == dataset) & (summary.B == B)].set_index("decoder")["speedup"]
             pick_measured = measured.get("core_greedy" if pick == "greedy" else pick)

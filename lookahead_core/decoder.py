@@ -126,11 +126,14 @@ def decode_batch(
     The KV cache holds one row per live sequence, right-padded; slot = position, and sequence b's
     committed KV is always a prefix of its row, ``valid[b]`` = its committed tokens:
 
-        cache (B, heads, past, dim)                          this step's rows
-        seq 0 | p0 p1 p2 p3 p4 p5 p6 p7 . . |              | x w w w t t |
-        seq 1 | p0 p1 p2 . . . . . . . . .  |  valid = 3   | x t t - - - |   - = padding row
-        seq 2 | p0 p1 p2 p3 p4 p5 p6 p7 p8 p9 |              | x w w w - - |
-              0                             past           past + q
+        cache slots (B, heads, past + q, dim), past = the longest valid
+                 committed KV                      this step's rows
+        seq 0   | k0 k1 k2 k3 k4 k5 k6 k7 .  .  | x  w  w  w  t  t |   valid = 8
+        seq 1   | k0 k1 k2 .  .  .  .  .  .  .  | x  t  t  -  -  - |   valid = 3
+        seq 2   | k0 k1 k2 k3 k4 k5 k6 k7 k8 k9 | x  w  w  w  -  - |   valid = 10
+                  0                             past               past + q
+        k = committed KV, . = stale slot (hidden), x = input token, w = window, t = tree node,
+        - = padding row (sees only itself, never kept)
 
     A step feeds every live sequence's rows, right-padded to the longest (q), at its own positions
     ``valid[b] + offsets``; its 4-D float mask shows each row its own committed slots and its own
