@@ -19,6 +19,10 @@ from tqdm import tqdm
 from lookahead_core import cost_model as cm
 from lookahead_core.config import DecodeLimits, LookaheadConfig, SamplingConfig
 
+FINALISTS = 3              # configs calibrated in full after the screen
+SCREEN_MIN_TOKENS = 8      # the screen decodes max(this, calibration tokens / 4) tokens per prompt
+
+
 def calibrate(
     model,
     prompts: list[list[int]],
@@ -28,11 +32,14 @@ def calibrate(
     grid: Sequence[LookaheadConfig] | None = None,
     always: Sequence[LookaheadConfig] = (),
     sampling: SamplingConfig | None = None,
+    finalists: int = FINALISTS,
 ) -> dict:
     """Run ``choose_config`` (or reload its record from ``path``) and return the record.
 
     ``grid`` defaults to the cost model's default grid; configs in ``always`` are calibrated even
-    when their upper bound says they cannot win, so that each gets a prediction to check.
+    when their upper bound says they cannot win, so that each gets a prediction to check. Every
+    config is first screened on a quarter of the calibration tokens; the ``finalists`` best are
+    then calibrated in full.
     """
     path = Path(path)
     if path.exists():
@@ -43,6 +50,7 @@ def calibrate(
         chosen, report = cm.choose_config(
             model, prompts, limits, grid, always_calibrate=list(always), sampling=sampling,
             progress=lambda message: (bar.set_postfix_str(message), bar.update(1)),
+            screen_tokens=max(SCREEN_MIN_TOKENS, limits.max_new_tokens // 4), finalists=finalists,
         )
     record = {
         "chosen": cm.config_label(chosen),
@@ -50,6 +58,7 @@ def calibrate(
         "chosen_config": None if chosen is None else {k: v for k, v in asdict(chosen).items() if k != "seed"},
         "calibration_prompts": len(prompts),
         "calibration_tokens": limits.max_new_tokens,
+        "calibration_seconds": report.seconds,
         "latency": report.cost_model.to_rows(),
         "candidates": report.rows(),
         "markdown": "#### decoding=auto / cost model calibration\n\n" + report.to_markdown()

@@ -13,6 +13,9 @@ Decoders (``--configs`` are N,W,G triples, the paper's n-gram size, window and g
 * ``core_greedy``: this project's decode loop without lookahead;
 * ``la_N<N>W<W>G<G>`` and ``..._pool``: lookahead, without / with the prompt pool (``--pool``);
 * ``pool_N<N>G<G>``: pool-only decoding (no Jacobi window, ``--pool-only N,G``);
+* any other core config, e.g. token trees, from ``--core`` specs of ``LookaheadConfig`` fields
+  (``--core ngram=5,window=7,guess=7,prompt_pool=1,tree=1``), named by ``cost_model.config_label``
+  (``la_N5W7G7_pool_tree``);
 * ``auto``: the config :func:`lookahead_core.cost_model.choose_config` picks on calibration prompts
   that are not benchmark prompts (``--auto``).
 
@@ -32,6 +35,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import csv
+import dataclasses
 import inspect
 import io
 import json
@@ -70,6 +74,8 @@ COLUMNS: tuple[str, ...] = (
     "core_decode_s", "core_model_s", "core_overhead_frac",
     # what came out
     "matches_hf_greedy", "matches_core_greedy",
+    # token trees: the core config's fields (JSON) and acceptance per draft source and depth (JSON rows)
+    "lookahead", "draft_acceptance",
 )  # fmt: skip
 
 HF_GREEDY, CORE_GREEDY = "hf_greedy", "core_greedy"
@@ -101,9 +107,36 @@ def parse_ints(text: str, count: int) -> tuple[int, ...]:
     return values
 
 
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
+def parse_core(text: str) -> LookaheadConfig:
+    """``ngram=5,window=7,guess=7,prompt_pool=1,tree=1`` -> that LookaheadConfig (bools as 0/1)."""
+    fields = {f.name: f.type for f in dataclasses.fields(LookaheadConfig)}
+    kwargs: dict[str, Any] = {}
+    for part in filter(None, text.split(",")):
+        key, _, value = part.partition("=")
+        if key not in fields or not value:
+            raise argparse.ArgumentTypeError(f"{part!r}: expected key=value with key in {sorted(fields)}")
+        try:
+            number = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{part!r}: the value must be an integer (bools as 0/1)") from None
+        kwargs[key] = bool(number) if fields[key] in ("bool", bool) else number
+    try:
+        return LookaheadConfig(**kwargs)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"{text!r}: {err}") from None
+
+
 def core_decoders(configs: Sequence[tuple[int, int, int]], pool: str,
-                  pool_only: Sequence[tuple[int, int]]) -> list[Decoder]:
-    """``configs`` (N, W, G) with the prompt pool off/on/both, then pool-only (N, G) configs."""
+                  pool_only: Sequence[tuple[int, int]], extra: Sequence[LookaheadConfig] = ()) -> list[Decoder]:
+    """``configs`` (N, W, G) with the prompt pool off/on/both, then pool-only (N, G) configs, then
+    ``extra`` configs (``--core``)."""
     pools = {"off": (False,), "on": (True,), "both": (False, True)}[pool]
     decoders = []
     for n, w, g in configs:
@@ -113,15 +146,17 @@ def core_decoders(configs: Sequence[tuple[int, int, int]], pool: str,
     for n, g in pool_only:
         config = LookaheadConfig(window=1, ngram=n, guess=g, pool_only=True)
         decoders.append(Decoder(cm.config_label(config), "core", config))
+    decoders += [Decoder(cm.config_label(config), "core", config) for config in extra]
     return decoders
 
 
-def build_decoders(configs, pool, pool_only, prompt_lookup, auto: LookaheadConfig | None | bool = False) -> list[Decoder]:
+def build_decoders(configs, pool, pool_only, prompt_lookup, auto: LookaheadConfig | None | bool = False,
+                   extra: Sequence[LookaheadConfig] = ()) -> list[Decoder]:
     """The baselines, then the core's configs, then ``auto`` (when ``auto`` is not False)."""
     decoders = [Decoder(HF_GREEDY, "hf")]
     decoders += [Decoder(f"hf_pld_k{k}", "hf", prompt_lookup=k) for k in prompt_lookup]
     decoders += [Decoder(CORE_GREEDY, "core")]
-    decoders += core_decoders(configs, pool, pool_only)
+    decoders += core_decoders(configs, pool, pool_only, extra)
     if auto is not False:
         decoders.append(Decoder("auto", "core", auto))
     names = [d.name for d in decoders]
@@ -295,7 +330,10 @@ def make_rows(session: Session, dataset_name: str, item_id: str, decoders: Seque
                 step_tokens_hist=json.dumps(dict(sorted(Counter(stats.step_tokens).items()))),
                 core_decode_s=stats.decode_seconds, core_model_s=stats.model_seconds,
                 core_overhead_frac=stats.overhead_fraction,
+                draft_acceptance=json.dumps(stats.drafts.table()),
             )
+        if config is not None:
+            row["lookahead"] = json.dumps({k: v for k, v in dataclasses.asdict(config).items() if k != "seed"})
         rows.append(row)
     return rows
 
@@ -309,6 +347,7 @@ class RowStore:
 
     def __init__(self, path: Path, decoder_names: Sequence[str]) -> None:
         self.path = path
+        self.stale_header = False
         rows = self._read() if path.exists() else []
         names = set(decoder_names)
         by_item: dict[str, set[str]] = {}
@@ -316,7 +355,7 @@ class RowStore:
             by_item.setdefault(row["item_id"], set()).add(row["decoder"])
         self.finished = {item for item, seen in by_item.items() if names <= seen}
         kept = [row for row in rows if row["item_id"] in self.finished]
-        if not path.exists() or len(kept) != len(rows):
+        if not path.exists() or len(kept) != len(rows) or self.stale_header:
             path.parent.mkdir(parents=True, exist_ok=True)
             partial = path.with_suffix(".csv.partial")
             partial.write_text(_render(kept, header=True), encoding="utf-8")
@@ -327,10 +366,12 @@ class RowStore:
         records = list(csv.reader(io.StringIO(text)))
         if not records:
             return []
-        if tuple(records[0]) != COLUMNS:
+        header = tuple(records[0])
+        if header != COLUMNS[:len(header)]:
             raise RuntimeError(f"{self.path} has other columns; move it away to start afresh")
+        self.stale_header = header != COLUMNS          # an older file: rewritten with the new columns
         body = records[1:-1] if text and not text.endswith("\n") else records[1:]   # a torn last row
-        return [dict(zip(COLUMNS, record)) for record in body]
+        return [dict(zip(header, record)) for record in body]
 
     def append(self, rows: list[dict]) -> None:
         with open(self.path, "a", encoding="utf-8", newline="") as handle:
@@ -341,7 +382,7 @@ class RowStore:
 
 def _render(rows: list[dict], header: bool = False) -> str:
     buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=COLUMNS, extrasaction="raise")
+    writer = csv.DictWriter(buffer, fieldnames=COLUMNS, extrasaction="raise", restval="")
     if header:
         writer.writeheader()
     writer.writerows(rows)
@@ -460,6 +501,8 @@ def predicted_vs_measured(df: pd.DataFrame, calibration: dict) -> pd.DataFrame:
 def _config_from_row(row) -> LookaheadConfig | None:
     if pd.isna(row["N"]):
         return None
+    if isinstance(row.get("lookahead"), str) and row["lookahead"]:
+        return LookaheadConfig(**json.loads(row["lookahead"]))
     if bool(row["pool_only"]):
         return LookaheadConfig(window=1, ngram=int(row["N"]), guess=int(row["G"]), pool_only=True)
     return LookaheadConfig(window=int(row["W"]), ngram=int(row["N"]), guess=int(row["G"]),
@@ -614,27 +657,47 @@ def calibrate(session: Session, prompts: list[list[int]], tokens: int, core: Seq
 # Entry points
 
 
+def benchmark_items(dataset, args: argparse.Namespace) -> tuple[list[Item], list[Item]]:
+    """The benchmark prompts and the calibration prompts, never the same items.
+
+    ``--every K`` takes every K-th item from ``--offset`` on (spread over a dataset's categories,
+    e.g. MT-Bench's 8 blocks of 10); calibration then uses the items right after the first few
+    benchmark items (offset + 1, offset + 1 + K, ...). With K = 1 the benchmark takes consecutive
+    items and calibration the ones right after them (or from ``--calibration-offset``).
+    """
+    every = args.every
+    if every == 1:
+        items = dataset.load(args.data_root, args.limit, args.offset, source="local")
+        start = args.calibration_offset if args.calibration_offset is not None else args.offset + len(items)
+        return items, dataset.load(args.data_root, args.calibration_prompts, start, source="local")
+    everything = dataset.load(args.data_root, None, 0, source="local")
+    items = everything[args.offset::every][:args.limit]
+    start = args.calibration_offset if args.calibration_offset is not None else args.offset + 1
+    calibration = everything[start::every][:args.calibration_prompts]
+    taken = {item.item_id for item in items}
+    if any(item.item_id in taken for item in calibration):
+        raise ValueError("calibration items overlap the benchmark items; choose another --calibration-offset")
+    return items, calibration
+
+
 def run(args: argparse.Namespace) -> Path:
     started = time.perf_counter()
     out = Path(args.out)
     if args.threads:
         torch.set_num_threads(args.threads)
     dataset = get_dataset(args.dataset)
-    items = dataset.load(args.data_root, args.limit, args.offset, source="local")
+    items, calibration_items = benchmark_items(dataset, args)
     session = Session.load(args.model, args.dtype, args.device)
-    core = core_decoders(args.configs, args.pool, args.pool_only)
+    core = core_decoders(args.configs, args.pool, args.pool_only, args.core)
 
     calibration = None
     if args.auto or args.predict:
-        calibration_items = dataset.load(args.data_root, args.calibration_prompts,
-                                         args.calibration_offset if args.calibration_offset is not None
-                                         else args.offset + len(items), source="local")
         prompts = [session.prompt_ids(dataset, item) for item in calibration_items]
         calibration = calibrate(session, prompts, args.calibration_tokens, core, args.auto, args.predict, out)
     auto: LookaheadConfig | None | bool = False
     if args.auto:
         auto = autotune.chosen_config(calibration)
-    decoders = build_decoders(args.configs, args.pool, args.pool_only, args.prompt_lookup, auto)
+    decoders = build_decoders(args.configs, args.pool, args.pool_only, args.prompt_lookup, auto, args.core)
 
     meta = {"model": args.model, "dataset": args.dataset, "offset": args.offset, "limit": args.limit,
             "threads": torch.get_num_threads(), "repeats": args.repeats, "max_new_tokens": args.max_new_tokens,
@@ -677,12 +740,16 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-root", default=None)
     parser.add_argument("--limit", type=int, default=20)
     parser.add_argument("--offset", type=int, default=0)
+    parser.add_argument("--every", type=positive_int, default=1,
+                        help="take every K-th item from --offset (spread over categories); default consecutive")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--configs", nargs="*", type=lambda s: parse_ints(s, 3), default=[(5, 15, 15), (5, 7, 7), (4, 5, 5), (3, 4, 4)],
                         help="lookahead configs as N,W,G")
     parser.add_argument("--pool", choices=("off", "on", "both"), default="both", help="prompt pool for --configs")
     parser.add_argument("--pool-only", nargs="*", type=lambda s: parse_ints(s, 2), default=[(4, 1)],
                         help="pool-only configs as N,G")
+    parser.add_argument("--core", nargs="*", type=parse_core, default=[],
+                        help="more core configs as LookaheadConfig fields, e.g. ngram=5,window=7,guess=7,prompt_pool=1,tree=1")
     parser.add_argument("--prompt-lookup", nargs="*", type=int, default=[10],
                         help="transformers prompt_lookup_num_tokens values (none: skip)")
     parser.add_argument("--auto", action="store_true", help="add the config choose_config picks")
@@ -708,10 +775,12 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
 PROFILE_CATEGORIES: dict[str, tuple[tuple[str, str], ...]] = {
     "attention mask (layout.attention_mask)": (("layout.py", "attention_mask"),),
     "step layout (lru-cached)": (("layout.py", "step_layout"),),
-    "pool candidates lookup": (("pool.py", "candidates"),),
+    "pool candidates lookup": (("pool.py", "tagged"),),
+    "tree build / prune / node scores": (("layout.py", "build_tree"), ("layout.py", "prune_tree"), ("drafts.py", "scores")),
+    "draft acceptance bookkeeping": (("drafts.py", "record"),),
     "pool insert (window n-grams + prompt pool)": (("pool.py", "add_all"), ("pool.py", "add_from_sequence")),
     "window update / tokens": (("window.py", "update"), ("window.py", "tokens")),
-    "verify (argmax, compare)": (("verify.py", "verify_greedy"),),
+    "verify (tree walk)": (("verify.py", "walk_tree"),),
     "KV commit (commit_kv)": (("model_io.py", "commit_kv"),),
     "accept / stop checks": (("decoder.py", "_accept"),),
 }
@@ -754,7 +823,7 @@ def profile(args: argparse.Namespace) -> Path:
     session = Session.load(args.model, args.dtype, args.device)
     prompts = [session.prompt_ids(dataset, item) for item in dataset.load(args.data_root, args.limit, args.offset, source="local")]
     limits = DecodeLimits(max_new_tokens=args.max_new_tokens, eos_token_ids=session.eos)
-    decoders = [Decoder(CORE_GREEDY, "core")] + core_decoders(args.configs, args.pool, args.pool_only)
+    decoders = [Decoder(CORE_GREEDY, "core")] + core_decoders(args.configs, args.pool, args.pool_only, args.core)
     decode(session.model, prompts[0], None, DecodeLimits(WARMUP_TOKENS))
     rows, raw = [], []
     for decoder in decoders:

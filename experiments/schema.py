@@ -115,6 +115,14 @@ class DecodingConfig:
     auto: bool = False
     calibration_items: int = 2
     calibration_tokens: int = 64
+    # Token trees and draft sources (lookahead_core/drafts.py; LookaheadConfig documents each):
+    # merge candidates into one prefix tree, suffix-match drafts, recycled top-k successors, draft
+    # depth (0 = N-1), the most tokens fed per step (0 = no cap).
+    tree: bool = False
+    suffix: int = 0
+    recycle: int = 0
+    depth: int = 0
+    budget: int = 0
 
 
 @dataclass
@@ -223,11 +231,19 @@ def _plain(value: Any) -> Any:
     return value.value if isinstance(value, Enum) else value
 
 
+# Fields added with token trees: left out of the fingerprint at their defaults, so results files
+# written before them keep their names and resume.
+_TREE_DEFAULTS = {"tree": False, "suffix": 0, "recycle": 0, "depth": 0, "budget": 0}
+
+
 def _lookahead_fields(config: LookaheadConfig | None) -> dict[str, Any] | None:
     if config is None:
         return None
     fields = asdict(config)
     fields.pop("seed")
+    for name, default in _TREE_DEFAULTS.items():
+        if fields[name] == default:
+            fields.pop(name)
     return fields
 
 
@@ -267,7 +283,8 @@ def to_settings(cfg: DictConfig, *, device: str | None = None) -> RunSettings:
     elif decoding.lookahead:
         lookahead = _build("decoding", LookaheadConfig, window=decoding.window, ngram=decoding.ngram,
                            guess=decoding.guess, prompt_pool=decoding.prompt_pool, pool_only=decoding.pool_only,
-                           keep_pool=decoding.keep_pool, seed=run.seed)
+                           keep_pool=decoding.keep_pool, seed=run.seed, tree=decoding.tree, suffix=decoding.suffix,
+                           recycle=decoding.recycle, depth=decoding.depth, budget=decoding.budget)
         candidate = Decoder(_decoder_name(lookahead), lookahead)
     limits = _build("experiment", DecodeLimits, max_new_tokens=run.experiment.max_new_tokens,
                     stop_strings=tuple(run.experiment.stop_strings))
@@ -312,9 +329,13 @@ def config_tag(decoder: Decoder, sampling: SamplingConfig, *, item_temperature: 
     (``t-item`` when each item brings its own temperature)."""
     parts = [decoder.name]
     if decoder.lookahead is not None:
-        if not decoder.lookahead.pool_only:
-            parts.append(f"w{decoder.lookahead.window}")
-        parts += [f"n{decoder.lookahead.ngram}", f"g{decoder.lookahead.guess}"]
+        config = decoder.lookahead
+        if not config.pool_only:
+            parts.append(f"w{config.window}")
+        parts += [f"n{config.ngram}", f"g{config.guess}"]
+        # token trees: tree, sfx<suffix>, rc<recycle>, d<depth>, k<budget>, each only when set
+        parts += ["tree"] * config.tree + [f"{key}{value}" for key, value in (
+            ("sfx", config.suffix), ("rc", config.recycle), ("d", config.depth), ("k", config.budget)) if value]
     if item_temperature:
         parts += ["t-item", f"k{sampling.top_k}", f"p{sampling.top_p:g}"]
     elif not sampling.greedy:

@@ -13,7 +13,7 @@ departure from greedy caused by a near-tie in fp16/bf16 numerics from a real mis
 """
 
 from .config import DecodeLimits, LookaheadConfig, SamplingConfig
-from .decoder import DecodeOutput, DecodeState, DecodeStats, decode
+from .decoder import DecodeOutput, DecodeState, DecodeStats, decode, decode_batch
 from .numerics import LOGIT_TOLERANCE, Divergence, divergence
 from .model_io import CausalLM
 from .pool import NGramPool
@@ -33,6 +33,7 @@ __all__ = [
     "SamplingConfig",
     "UnsupportedModelError",
     "decode",
+    "decode_batch",
     "divergence",
     "probe",
 ]

@@ -34,13 +34,16 @@ import torch
 
 from .config import LookaheadConfig
 from .numerics import logit_tolerance
-from .layout import causal_layout, step_layout
+from .layout import causal_layout, chains, step_layout
 from .model_io import CausalLM, truncate_kv
 
-# The probe step: W=3 columns, 2 filled levels (N=3), two candidates of 2 tokens sharing the first.
+# The probe step: W=3 columns, 2 filled levels (N=3), and a draft tree a -> (b, c) beside a linear
+# branch a -> c (two candidates sharing their first token, merged and not).
 _WINDOW, _LEVELS, _CONTEXT = 3, 2, 6
+_TREE = (-1, 0, 0, -1, 3)
 STILL_RUNS = ("the greedy or sampling baseline (lookahead=None) and lookahead configs whose every step is a "
-              "causal chain (pool_only=True with guess=1, or guess=0 with window=1 or ngram=2)")
+              "causal chain (pool_only=True with a single draft per step: guess=1, suffix=1 or recycle=1 "
+              "alone; or no drafts with window=1 or ngram=2)")
 
 
 class UnsupportedModelError(ValueError):
@@ -85,11 +88,16 @@ class ProbeResult:
 
 
 def branching(lookahead: LookaheadConfig | None) -> bool:
-    """Whether some step of this config branches (needs the custom mask and shared positions)."""
+    """Whether some step of this config may branch (needs the custom mask and shared positions).
+
+    Judged on the widest step the config can feed: its full window beside one chain per draft it
+    can propose (pool candidates, suffix matches, a recycled chain; recycle >= 2 branches by itself).
+    """
     if lookahead is None:
         return False
     window, levels = (0, 0) if lookahead.pool_only else (lookahead.window, lookahead.ngram - 1)
-    return not step_layout(window, levels, lookahead.guess, lookahead.ngram - 1).causal
+    drafts = lookahead.guess + lookahead.suffix + (1 if lookahead.recycle else 0) + (lookahead.recycle > 1)
+    return not step_layout(window, levels, chains(drafts, 2)).causal
 
 
 def require_branching_support(lm: CausalLM, lookahead: LookaheadConfig | None) -> None:
@@ -161,10 +169,10 @@ def _branching_diff(lm: CausalLM, ids: list[int]) -> tuple[float, float]:
     """Max |logit| difference between one fused branching step and plain forwards of each branch,
     and the model's own noise at that row count (``_noise``)."""
     context, rest = ids[:_CONTEXT], ids[_CONTEXT:]
-    layout = step_layout(_WINDOW, _LEVELS, 2, 2)
+    layout = step_layout(_WINDOW, _LEVELS, _TREE)
     window_len = layout.window_rows - 1
     a, b, c = rest[window_len + 1: window_len + 4]
-    fed = rest[: window_len + 1] + [a, b, a, c]                     # input token, window, candidates
+    fed = rest[: window_len + 1] + [a, b, c, a, c]                  # input token, window, draft tree
     cache = lm.new_cache()
     offsets, _ = causal_layout(len(context))
     lm.forward(cache, context, offsets, None, 0, torch.tensor([len(context) - 1]))

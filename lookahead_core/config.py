@@ -32,6 +32,17 @@ class LookaheadConfig:
         ``prompt_pool`` and needs ``guess >= 1``.
     keep_pool: keep the pool across the turns of one conversation (``DecodeState``).
     seed: seeds the draw of the initial window from the prompt; same inputs, same steps.
+
+    Token trees and more draft sources (``lookahead_core/drafts.py``):
+    tree: merge the step's candidates into one prefix tree, each shared prefix fed once; False
+        feeds every candidate as a branch of its own (the paper's linear branches).
+    suffix: the most suffix-match drafts per step (prompt lookup / SuffixDecoding: continuations
+        of the longest context suffix seen before in prompt + output), 0 = off.
+    recycle: successors kept per token from the logits every step computes (Token Recycling), and
+        the branching of the tree grown from them; 0 = off.
+    depth: how deep suffix and recycled drafts go; 0 = N-1.
+    budget: the most tokens fed per step (input token + window rows + tree nodes); nodes are kept
+        by their estimated acceptance, measured online per source and depth. 0 = no cap.
     """
 
     window: int = 15
@@ -41,27 +52,58 @@ class LookaheadConfig:
     pool_only: bool = False
     keep_pool: bool = True
     seed: int = 0
+    tree: bool = False
+    suffix: int = 0
+    recycle: int = 0
+    depth: int = 0
+    budget: int = 0
 
     def __post_init__(self) -> None:
         _require(_is_int(self.window) and self.window >= 1, f"window (W) must be an int >= 1, got {self.window!r}")
         _require(_is_int(self.ngram) and self.ngram >= 2, f"ngram (N) must be an int >= 2, got {self.ngram!r}")
         _require(_is_int(self.guess) and self.guess >= 0, f"guess (G) must be an int >= 0, got {self.guess!r}")
         _require(_is_int(self.seed), f"seed must be an int, got {self.seed!r}")
+        for name in ("tree", "prompt_pool", "pool_only", "keep_pool"):
+            _require(isinstance(getattr(self, name), bool), f"{name} must be a bool, got {getattr(self, name)!r}")
+        for name in ("suffix", "recycle", "depth", "budget"):
+            value = getattr(self, name)
+            _require(_is_int(value) and value >= 0, f"{name} must be an int >= 0, got {value!r}")
         if self.pool_only:
-            _require(self.guess >= 1, f"guess (G) must be >= 1 when pool_only is set, got {self.guess!r}")
+            _require(self.guess + self.suffix + self.recycle >= 1,
+                     f"pool_only needs a draft source: guess (G), suffix or recycle >= 1, got G={self.guess!r}")
             object.__setattr__(self, "prompt_pool", True)
+        if self.budget:
+            least = self.window_rows + 1
+            _require(self.budget >= least, f"budget must be 0 (no cap) or >= {least} (the input token"
+                     f"{' and the window rows' if self.uses_window else ''} plus one draft token), got {self.budget!r}")
 
     @property
     def uses_window(self) -> bool:
         return not self.pool_only
 
     @property
+    def draft_depth(self) -> int:
+        """Depth of suffix and recycled drafts."""
+        return self.depth or self.ngram - 1
+
+    @property
+    def window_rows(self) -> int:
+        """Tokens the input token and a warmed-up window feed: 1 + (W-1) + (N-2)*W, or 1 pool-only."""
+        return 1 if self.pool_only else 1 + (self.window - 1) + (self.ngram - 2) * self.window
+
+    @property
     def max_tokens_per_step(self) -> int:
-        """Upper bound on tokens fed per forward: (N-1) * (W + G), or 1 + G*(N-1) pool-only."""
-        cand = self.guess * (self.ngram - 1)
-        if self.pool_only:
-            return 1 + cand
-        return 1 + (self.window - 1) + (self.ngram - 2) * self.window + cand
+        """Upper bound on tokens fed per forward: the budget, or window rows + G*(N-1) + the other
+        sources' draft tokens."""
+        if self.budget:
+            return self.budget
+        nodes = self.guess * (self.ngram - 1) + self.suffix * self.draft_depth
+        width, level = self.recycle, self.recycle
+        for _ in range(self.draft_depth if self.recycle else 0):
+            nodes += level
+            width = max(1, width // 2)
+            level *= width
+        return self.window_rows + nodes
 
 
 @dataclass(frozen=True)

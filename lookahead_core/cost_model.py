@@ -28,7 +28,7 @@ from __future__ import annotations
 import bisect
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -36,7 +36,7 @@ import torch
 from .config import DecodeLimits, LookaheadConfig, SamplingConfig
 from .decoder import DecodeStats, decode
 from .layout import causal_layout, step_layout
-from .model_io import CausalLM, truncate_kv
+from .model_io import CausalLM, Feed, truncate_kv
 
 DEFAULT_SIZES: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 
@@ -44,42 +44,72 @@ DEFAULT_SIZES: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 
 # pool-only decoding (prompt lookup, no window: one step feeds at most 1 + G*(N-1) tokens).
 DEFAULT_LOOKAHEAD_GRID: tuple[tuple[int, int, int], ...] = ((3, 2, 2), (3, 4, 4), (4, 5, 5), (5, 7, 7), (5, 15, 15))
 DEFAULT_POOL_ONLY_GRID: tuple[tuple[int, int], ...] = ((3, 1), (4, 1), (5, 1), (4, 3), (6, 2))
+# Token trees without a window (pool + suffix matches + recycled successors, or without recycling),
+# one per token budget: a CPU wants 3-8 tokens per step, a GPU tens. Plus the paper's W7 N5 G7
+# lookahead with the prompt pool as a tree within the budget of its linear branches.
+DEFAULT_TREE_BUDGETS: tuple[int, ...] = (3, 4, 5, 6, 8, 12, 16, 32, 64)
+DEFAULT_SUFFIX_TREE_BUDGETS: tuple[int, ...] = (4, 8)
+
+
+def tree_config(budget: int, recycle: int = 4, depth: int = 6) -> LookaheadConfig:
+    """A pool-only token tree: pool N4 G4, 4 suffix matches, ``recycle`` successors, ``depth`` deep."""
+    return LookaheadConfig(window=1, ngram=4, guess=4, pool_only=True, tree=True, suffix=4, recycle=recycle,
+                           depth=depth, budget=budget)
 
 
 def default_grid() -> list[LookaheadConfig]:
     grid = [LookaheadConfig(window=w, ngram=n, guess=g, prompt_pool=pool)
             for n, w, g in DEFAULT_LOOKAHEAD_GRID for pool in (False, True)]
     grid += [LookaheadConfig(window=1, ngram=n, guess=g, pool_only=True) for n, g in DEFAULT_POOL_ONLY_GRID]
+    grid += [tree_config(b) for b in DEFAULT_TREE_BUDGETS]
+    grid += [tree_config(b, recycle=0) for b in DEFAULT_SUFFIX_TREE_BUDGETS]
+    grid.append(LookaheadConfig(window=7, ngram=5, guess=7, prompt_pool=True, tree=True, suffix=4, recycle=4,
+                                depth=6, budget=LookaheadConfig(window=7, ngram=5, guess=7).max_tokens_per_step))
     return grid
 
 
 def config_label(config: LookaheadConfig | None) -> str:
-    """A short name: ``greedy``, ``la_N5W15G15``, ``la_N5W15G15_pool``, ``pool_N4G3``."""
+    """A short name: ``greedy``, ``la_N5W15G15``, ``la_N5W15G15_pool``, ``pool_N4G3``, and for
+    token trees and the other sources ``..._tree_sfx4_rc4_d6_k8`` (suffix drafts, recycled top-k,
+    draft depth, token budget; each only when set)."""
     if config is None:
         return "greedy"
     if config.pool_only:
-        return f"pool_N{config.ngram}G{config.guess}"
-    return f"la_N{config.ngram}W{config.window}G{config.guess}" + ("_pool" if config.prompt_pool else "")
+        label = f"pool_N{config.ngram}G{config.guess}"
+    else:
+        label = f"la_N{config.ngram}W{config.window}G{config.guess}" + ("_pool" if config.prompt_pool else "")
+    for flag, value in (("_tree", config.tree), ("_sfx", config.suffix), ("_rc", config.recycle),
+                        ("_d", config.depth), ("_k", config.budget)):
+        if value is True:
+            label += flag
+        elif value:
+            label += f"{flag}{value}"
+    return label
 
 
 # ---------------------------------------------------------------------------------------------
 # Step shapes
 
 
+def _bare_logit_rows(config: LookaheadConfig) -> int:
+    """Logit rows of a warmed-up step without draft tokens: the input token's and the last level's."""
+    return 1 if config.pool_only else int(step_layout(config.window, config.ngram - 1).logit_rows.numel())
+
+
 def step_shape(config: LookaheadConfig | None, candidates: int | None = None) -> tuple[int, int]:
-    """(tokens fed, logit rows kept) of one warmed-up step with ``candidates`` candidates (default G)."""
+    """(tokens fed, logit rows kept) of one warmed-up step with ``candidates`` pool candidates of
+    N-1 tokens (at most G), or, by default, the most the config feeds (its budget, if it has one)."""
     if config is None:
         return 1, 1
-    c = config.guess if candidates is None else min(candidates, config.guess)
-    if config.pool_only:
-        layout = step_layout(0, 0, c, config.ngram - 1)
+    if candidates is None:
+        nodes = config.max_tokens_per_step - config.window_rows
     else:
-        layout = step_layout(config.window, config.ngram - 1, c, config.ngram - 1)
-    return layout.size, int(layout.logit_rows.numel())
+        nodes = min(candidates, config.guess) * (config.ngram - 1)
+    return config.window_rows + nodes, _bare_logit_rows(config) + nodes
 
 
 def logit_rows_for(config: LookaheadConfig | None, tokens: int) -> int:
-    """Logit rows of a step that fed ``tokens`` tokens (the candidate count is inferred).
+    """Logit rows of a step that fed ``tokens`` tokens: every draft token's row is kept.
 
     During the N-2 warm-up steps the window is not full yet; those rows are approximated by the
     last level's W rows plus the input token.
@@ -87,11 +117,10 @@ def logit_rows_for(config: LookaheadConfig | None, tokens: int) -> int:
     if config is None:
         return 1
     if config.pool_only:
-        return tokens                       # every row predicts a candidate token or the bonus
-    window_rows, _ = step_shape(config, 0)
-    if tokens < window_rows:
+        return tokens                       # every row predicts a draft token or the bonus
+    if tokens < config.window_rows:
         return min(tokens, config.window + 1)
-    return step_shape(config, (tokens - window_rows) // (config.ngram - 1))[1]
+    return _bare_logit_rows(config) + tokens - config.window_rows
 
 
 # ---------------------------------------------------------------------------------------------
@@ -125,6 +154,7 @@ class CostModel:
     host_seconds: float = 0.0
     device: str = "cpu"
     kv_length: int = 0
+    batch: int = 1               # sequences per forward
 
     def __post_init__(self) -> None:
         if not self.tokens or self.tokens[0] != 1 or list(self.tokens) != sorted(set(self.tokens)):
@@ -174,7 +204,8 @@ class CostModel:
     def to_rows(self) -> list[dict]:
         ones = self.seconds_one_logit or (None,) * len(self.tokens)
         return [{"tokens": k, "seconds": s, "seconds_one_logit": o, "ratio": s / self.seconds[0],
-                 "host_seconds": self.host_seconds, "device": self.device, "kv_length": self.kv_length}
+                 "host_seconds": self.host_seconds, "device": self.device, "kv_length": self.kv_length,
+                 "batch": self.batch}
                 for k, s, o in zip(self.tokens, self.seconds, ones)]
 
     @classmethod
@@ -189,6 +220,7 @@ class CostModel:
             host_seconds=float(rows[0].get("host_seconds") or 0.0),
             device=str(rows[0].get("device") or "cpu"),
             kv_length=int(rows[0].get("kv_length") or 0),
+            batch=int(rows[0].get("batch") or 1),
         )
 
 
@@ -206,8 +238,10 @@ def measure_latency(
     repeats: int = 5,
     one_logit: bool = True,
     seed: int = 0,
+    batch: int = 1,
 ) -> CostModel:
-    """Time ``CausalLM.forward`` of k random tokens after a ``kv_length``-token cache, for each k.
+    """Time ``CausalLM.forward`` of k random tokens after a ``kv_length``-token cache, for each k
+    (``batch`` > 1: a batched forward of that many sequences, k tokens each, the curve t(B, k)).
 
     Each size is timed ``repeats`` times and the fastest time is kept (on a shared machine other jobs
     only ever add time, and a few interfered rounds bend a median-based curve enough to flip
@@ -225,7 +259,7 @@ def measure_latency(
     cache = lm.new_cache()
     prefix = torch.randint(0, vocab, (max(kv_length, 1),), generator=gen).tolist()
     offsets, _ = causal_layout(len(prefix))
-    lm.forward(cache, prefix, offsets, None, 0, torch.tensor([len(prefix) - 1]))
+    lm.forward_batch(cache, [Feed(prefix, offsets, None, 0, torch.tensor([len(prefix) - 1]))] * batch)
     past = len(prefix)
     variants = [False, True] if one_logit else [False]
     times: dict[tuple[int, bool], list[float]] = {(k, v): [] for k in sizes for v in variants}
@@ -238,7 +272,7 @@ def measure_latency(
             rows = torch.tensor([k - 1]) if single else torch.arange(k)
             _synchronize(lm.device)
             start = time.perf_counter()
-            lm.forward(cache, tokens, offsets, None, past, rows)
+            lm.forward_batch(cache, [Feed(tokens, offsets, None, past, rows)] * batch)
             _synchronize(lm.device)
             elapsed = time.perf_counter() - start
             truncate_kv(cache, past)
@@ -246,7 +280,7 @@ def measure_latency(
                 times[(k, single)].append(elapsed)
     full = tuple(min(times[(k, False)]) for k in sizes)
     ones = tuple(min(times[(k, True)]) for k in sizes) if one_logit else None
-    return CostModel(tuple(sizes), full, ones, device=str(lm.device), kv_length=past)
+    return CostModel(tuple(sizes), full, ones, device=str(lm.device), kv_length=past, batch=batch)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -258,7 +292,8 @@ class Calibration:
     """One config's calibration on the prompts: its per-step record and what it predicts."""
 
     config: LookaheadConfig | None
-    status: str                           # "calibrated" or "pruned" (its upper bound could not win)
+    status: str                           # "calibrated", "screened" (short run only, not a finalist)
+                                          # or "pruned" (its upper bound could not win)
     upper_bound: float                    # speedup if every step accepted N tokens
     steps: int = 0
     accepted: int = 0                     # tokens committed by the decode steps
@@ -323,13 +358,20 @@ class ChoiceReport:
 
 
 def upper_bound(cost: CostModel, config: LookaheadConfig, host_seconds: float | None = None) -> float:
-    """The best speedup ``config`` could reach: a step without candidates commits 1 token, one
-    with candidates at most N (N-1 candidate tokens and the model's own next token)."""
+    """The best speedup ``config`` could reach: a step without drafts commits 1 token, one with a
+    single draft of D tokens at most D + 1 (the draft and the model's own next token), D being the
+    deepest draft the config proposes within its budget."""
     host = cost.host_seconds if host_seconds is None else host_seconds
     greedy = cost.step_seconds(None)
-    bare = cost.latency(*step_shape(config, 0)) + host
-    with_one = cost.latency(*step_shape(config, 1)) + host if config.guess else float("inf")
-    return max(greedy / bare, config.ngram * greedy / with_one)
+    bare_tokens, bare_rows = step_shape(config, 0)
+    bare = cost.latency(bare_tokens, bare_rows) + host
+    depth = (config.ngram - 1) if config.guess else 0
+    if config.suffix or config.recycle:
+        depth = max(depth, config.draft_depth)
+    if config.budget:
+        depth = min(depth, config.budget - bare_tokens)
+    with_one = cost.latency(bare_tokens + depth, bare_rows + depth) + host if depth else float("inf")
+    return max(greedy / bare, (depth + 1) * greedy / with_one)
 
 
 def _run_prompts(model, prompts, config, limits, sampling=None) -> tuple[DecodeStats, float]:
@@ -358,6 +400,8 @@ def choose_config(
     kv_length: int | None = None,
     sampling: SamplingConfig | None = None,
     progress: Callable[[str], None] | None = None,
+    screen_tokens: int | None = None,
+    finalists: int = 3,
 ) -> tuple[LookaheadConfig | None, ChoiceReport]:
     """Pick the config of ``grid`` (default :func:`default_grid`) predicted fastest on this device.
 
@@ -370,7 +414,10 @@ def choose_config(
        Each other config decodes every calibration prompt; its prediction is
        ``CostModel.predict_steps`` over its actual steps (so the real number of candidates per step
        counts, not G), with its own host time.
-    4. The best prediction wins if it exceeds ``min_speedup``; otherwise greedy (``None``).
+    4. With ``screen_tokens`` (fewer than ``limits.max_new_tokens``), step 3 is a short screen that
+       decodes only that many tokens per prompt; then the ``finalists`` best screened configs (and
+       every one in ``always_calibrate``) are calibrated in full, and only those can win.
+    5. The best full prediction wins if it exceeds ``min_speedup``; otherwise greedy (``None``).
 
     S grows with the length of the text (the pool fills up), so S from short calibrations is a
     slight underestimate for long generations. With ``sampling``, every calibration decode samples
@@ -399,28 +446,85 @@ def choose_config(
     greedy = Calibration(None, "calibrated", 1.0, greedy_stats.steps, sum(greedy_stats.accepted),
                          1.0, greedy_host, greedy_seconds, 1.0, 1.0)
 
+    def calibrate(config: LookaheadConfig, run_limits: DecodeLimits, status: str, bound: float) -> Calibration:
+        say(f"{status.replace('calibrated', 'calibrating')} {config_label(config)}")
+        stats, seconds = _run_prompts(lm, calibration_prompts, config, run_limits, sampling)
+        host = max(0.0, stats.decode_seconds - stats.model_seconds) / max(stats.steps, 1)
+        predicted = cost_model.predict_steps(config, stats.step_tokens, stats.accepted, host_seconds=host)
+        per_token = seconds / max(sum(stats.accepted), 1)
+        return Calibration(
+            config, status, bound, stats.steps, sum(stats.accepted),
+            statistics.fmean(stats.step_tokens) if stats.step_tokens else 0.0, host, seconds,
+            predicted, greedy_per_token / per_token if per_token else None,
+        )
+
     ranked = sorted(grid, key=lambda c: -upper_bound(cost_model, c))
     results = [greedy]
     best = max(1.0, min_speedup)
+    screening = screen_tokens is not None and screen_tokens < limits.max_new_tokens
+    first_limits = replace(limits, max_new_tokens=screen_tokens) if screening else limits
     for config in ranked:
         bound = upper_bound(cost_model, config)
         if prune and bound <= best and config not in always_calibrate:
             results.append(Calibration(config, "pruned", bound))
             continue
-        say(f"calibrating {config_label(config)}")
-        stats, seconds = _run_prompts(lm, calibration_prompts, config, limits, sampling)
-        host = max(0.0, stats.decode_seconds - stats.model_seconds) / max(stats.steps, 1)
-        predicted = cost_model.predict_steps(config, stats.step_tokens, stats.accepted, host_seconds=host)
-        per_token = seconds / max(sum(stats.accepted), 1)
-        results.append(Calibration(
-            config, "calibrated", bound, stats.steps, sum(stats.accepted),
-            statistics.fmean(stats.step_tokens) if stats.step_tokens else 0.0, host, seconds,
-            predicted, greedy_per_token / per_token if per_token else None,
-        ))
-        best = max(best, predicted)
+        results.append(calibrate(config, first_limits, "screened" if screening else "calibrated", bound))
+        best = max(best, results[-1].predicted)
+    if screening:
+        screened = sorted((c for c in results if c.status == "screened"), key=lambda c: -c.predicted)
+        finals = {id(c) for c in screened[:finalists]} | {id(c) for c in screened if c.config in always_calibrate}
+        results = [calibrate(c.config, limits, "calibrated", c.upper_bound) if id(c) in finals else c for c in results]
 
-    winner = max((c for c in results if c.predicted is not None), key=lambda c: c.predicted)
+    winner = max((c for c in results if c.status == "calibrated"), key=lambda c: c.predicted)
     chosen = winner.config if winner.config is not None and winner.predicted > min_speedup else None
     report = ChoiceReport(cost_model, chosen, results, len(calibration_prompts), limits.max_new_tokens,
                           time.perf_counter() - started)
     return chosen, report
+
+
+# ---------------------------------------------------------------------------------------------
+# Batches: t(B, k), the time of one batched decode, and auto per batch size
+
+
+def batch_latency(costs: Mapping[int, CostModel], batch: int, tokens: float, logit_rows: float | None = None) -> float:
+    """Seconds of one forward of ``batch`` sequences of ``tokens`` tokens each (padding included),
+    from curves measured at several batch sizes (``costs[B]``), piecewise linear in B."""
+    sizes = sorted(costs)
+    return _interpolate(sizes, [costs[b].latency(tokens, logit_rows) for b in sizes], batch)
+
+
+def batch_seconds(costs: Mapping[int, CostModel], config: LookaheadConfig | None,
+                  step_tokens: Sequence[Sequence[int]]) -> float:
+    """Predicted seconds of the steps of one batched decode from each sequence's per-step record
+    (``DecodeStats.step_tokens``): step s feeds every sequence that takes more than s steps, each
+    padded to the largest of them, as ``decode_batch`` runs it."""
+    total = 0.0
+    for s in range(max(map(len, step_tokens), default=0)):
+        live = [record[s] for record in step_tokens if len(record) > s]
+        k = max(live)
+        total += batch_latency(costs, len(live), k, logit_rows_for(config, k))
+    return total
+
+
+def predict_batch(costs: Mapping[int, CostModel], config: LookaheadConfig | None,
+                  step_tokens: Sequence[Sequence[int]], accepted: Sequence[Sequence[int]]) -> float:
+    """Speedup over batched greedy of one batch, from its sequences' per-step records: greedy takes
+    one step per token each sequence's steps committed."""
+    greedy = [[1] * sum(a) for a in accepted]
+    return batch_seconds(costs, None, greedy) / batch_seconds(costs, config, step_tokens)
+
+
+def choose_for_batch(costs: Mapping[int, CostModel],
+                     calibration: Mapping[str, tuple[LookaheadConfig | None, Sequence[tuple[Sequence[int], Sequence[int]]]]],
+                     batch: int) -> tuple[str, dict[str, float]]:
+    """``auto`` for a batch of ``batch`` sequences: the calibrated config (label -> (config, per
+    sequence (step_tokens, accepted) from calibration prompts)) with the best predicted speedup over
+    batched greedy, for a batch made of the calibration sequences taken in turn; ``"greedy"`` when
+    none is predicted above 1. Returns the pick and every prediction."""
+    predicted = {"greedy": 1.0}
+    for label, (config, records) in calibration.items():
+        if config is None or not records:
+            continue
+        rows = [records[b % len(records)] for b in range(batch)]
+        predicted[label] = predict_batch(costs, config, [r[0] for r in rows], [r[1] for r in rows])
+    return max(predicted, key=predicted.get), predicted

@@ -1,10 +1,13 @@
-"""The decode loop: greedy baseline, lookahead (W, N, G), prompt pool and pool-only, greedy or sampled.
+"""The decode loop: greedy baseline, lookahead (W, N, G), prompt pool, pool-only and token trees,
+greedy or sampled, for one sequence (``decode``) or a batch (``decode_batch``).
 
-One loop serves every mode. Each step:
-  1. gather candidates: the pool's continuations of the last committed token;
-  2. fuse input token + window + candidates into one forward (layout.py builds mask and positions);
-  3. verify: the accepted candidate prefix plus one token of the model's own (verify.py);
-  4. commit: keep the KV rows of the accepted tokens, advance the window, feed the pool.
+One loop serves every mode and batch size. Each step, for every live sequence:
+  1. gather drafts from the sources (drafts.py: the n-gram pool, suffix matches, recycled
+     successors) into one tree, cut to the token budget;
+  2. fuse input token + window + tree into one forward, every sequence's rows in one batch
+     (layout.py builds masks and positions);
+  3. verify: walk the tree, the accepted path plus one token of the model's own (verify.py);
+  4. commit: keep the KV rows of the accepted path, advance the window, update the sources.
 """
 
 from __future__ import annotations
@@ -12,19 +15,19 @@ from __future__ import annotations
 import copy
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from .config import DecodeLimits, LookaheadConfig, SamplingConfig
-from .inputs import check_vocabulary, validate_input_ids
-from .layout import causal_layout, step_layout
-from .model_io import CausalLM, commit_kv, truncate_kv
-from .pool import NGramPool
-from .positions import fit_step
+from .drafts import DraftStats, Proposer, StepOutcome
+from .layout import EMPTY_TREE, DraftTree, StepLayout, cut_tree, step_layout
+from .model_io import CausalLM, Feed, commit_kv, select_sequences, sequence_cache, truncate_kv
 from .capability import require_branching_support
+from .inputs import check_vocabulary, validate_input_ids
+from .positions import fit_step
+from .pool import NGramPool
 from .verify import Verifier, make_verifier
-from .window import JacobiWindow
 
 
 @dataclass
@@ -39,6 +42,7 @@ class DecodeStats:
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0                           # the whole step loop
     model_seconds: float = 0.0                            # inside the model's forward
+    drafts: DraftStats = field(default_factory=DraftStats)  # fed / tried / accepted per source and depth
 
     @property
     def compression(self) -> float:
@@ -99,49 +103,133 @@ def decode(
 
     ``lookahead=None`` is the greedy (or plain sampling) baseline through the same loop.
     With ``state`` from an earlier call, the cached KV of the longest common prefix is reused and
-    only the rest of ``input_ids`` is prefilled.
+    only the rest of ``input_ids`` is prefilled. This is :func:`decode_batch` with a batch of one.
     """
-    limits = limits or DecodeLimits()
     sampling = sampling or SamplingConfig()
+    verify = make_verifier(sampling, generator)
     prompt = validate_input_ids(input_ids)           # before the model is touched
+    return _run(model, [prompt], lookahead, limits, [verify], state, tokenizer)[0]
+
+
+@torch.inference_mode()
+def decode_batch(
+    model: torch.nn.Module | CausalLM,
+    prompts,
+    lookahead: LookaheadConfig | None = None,
+    limits: DecodeLimits | None = None,
+    sampling: SamplingConfig | None = None,
+    *,
+    tokenizer=None,
+) -> list[DecodeOutput]:
+    """Generate after each of ``prompts`` (token lists of any lengths), one forward per step for all.
+
+    Every sequence has its own window, pool, draft sources, accepted lengths and stop conditions,
+    and gets exactly the tokens :func:`decode` gives it alone (greedy: token-identical; sampling:
+    the same distribution, sequence b drawing from its own generator seeded ``sampling.seed + b``).
+
+    The KV cache holds one row per live sequence, right-padded; slot = position, and sequence b's
+    committed KV is always a prefix of its row, ``valid[b]`` = its committed tokens:
+
+        cache slots (B, heads, past + q, dim), past = the longest valid
+                 committed KV                      this step's rows
+        seq 0   | k0 k1 k2 k3 k4 k5 k6 k7 .  .  | x  w  w  w  t  t |   valid = 8
+        seq 1   | k0 k1 k2 .  .  .  .  .  .  .  | x  t  t  -  -  - |   valid = 3
+        seq 2   | k0 k1 k2 k3 k4 k5 k6 k7 k8 k9 | x  w  w  w  -  - |   valid = 10
+                  0                             past               past + q
+        k = committed KV, . = stale slot (hidden), x = input token, w = window, t = tree node,
+        - = padding row (sees only itself, never kept)
+
+    A step feeds every live sequence's rows, right-padded to the longest (q), at its own positions
+    ``valid[b] + offsets``; its 4-D float mask shows each row its own committed slots and its own
+    step rows only (``.`` slots and padding are hidden; sliding windows count positions, which
+    the slots are). After verification each sequence's kept rows move down to ``valid[b]...``
+    (``commit_kv``) and the cache is cut to the longest sequence. A finished sequence leaves the
+    batch: its cache row is dropped, and its output takes a copy of its KV (``DecodeOutput.state``).
+
+    Stats are per sequence; a step's model time counts for every sequence in it (each waited for
+    the whole forward), and ``decode_seconds`` runs until that sequence finished.
+    """
+    sampling = sampling or SamplingConfig()
+    prompts = [validate_input_ids(p) for p in prompts]       # before the model is touched
+    if not prompts:
+        raise ValueError("prompts is empty")
+    verifiers = [make_verifier(replace(sampling, seed=sampling.seed + b)) for b in range(len(prompts))]
+    return _run(model, prompts, lookahead, limits, verifiers, None, tokenizer)
+
+
+@dataclass
+class _Sequence:
+    """One sequence of the batch while it decodes."""
+
+    prompt: list[int]
+    tokens: list[int]                 # committed context; the last one has no KV yet
+    verify: Verifier
+    proposer: Proposer | None
+    pool: NGramPool | None
+    stats: DecodeStats
+    progress: _Progress | None = None
+
+    @property
+    def committed(self) -> int:
+        """KV length: every committed token but the last."""
+        return len(self.tokens) - 1
+
+
+def _run(model, prompts: list[list[int]], lookahead: LookaheadConfig | None, limits: DecodeLimits | None,
+         verifiers: list[Verifier], state: DecodeState | None, tokenizer) -> list[DecodeOutput]:
+    """The decode loop, for one sequence or many."""
+    limits = limits or DecodeLimits()
     if limits.stop_strings and tokenizer is None:
         raise ValueError("stop_strings need a tokenizer")
     lm = model if isinstance(model, CausalLM) else CausalLM(model)
-    check_vocabulary(prompt, lm.vocab_size)
+    for prompt in prompts:
+        check_vocabulary(prompt, lm.vocab_size)
     require_branching_support(lm, lookahead)     # the probe, once per model: refuses what it would get wrong
-    verify = make_verifier(sampling, generator)
-    stats = DecodeStats()
+    seqs = [_Sequence(p, list(p), v, None, _pool_for(lookahead, state), DecodeStats()) for p, v in zip(prompts, verifiers)]
+    cache, first_logits = _prefill(lm, prompts, state, [s.stats for s in seqs])
+    for seq, logits in zip(seqs, first_logits):
+        seq.progress = _accept(seq.tokens, seq.verify(EMPTY_TREE, logits[None]).tokens, 0, limits, tokenizer,
+                               len(seq.prompt))
+        if lookahead is not None:
+            seq.proposer = Proposer.from_config(lookahead, seq.tokens, seq.pool, seq.prompt)
+            seq.proposer.stats = seq.stats.drafts
+    outputs: dict[int, DecodeOutput] = {}
+    live = list(range(len(seqs)))                     # cache row r holds sequence live[r]
 
-    cache, logits = _prefill(lm, prompt, state, stats)
-    tokens = list(prompt)                 # committed context; the last one has no KV yet
-    first = verify(torch.zeros(1, 0, dtype=torch.long), logits[None, None])
-    new = _accept(tokens, first.tokens, 0, limits, tokenizer, len(prompt))
-
-    pool = _pool_for(lookahead, state)
-    window = None
-    if lookahead is not None:
-        if lookahead.prompt_pool:
-            pool.add_from_sequence(tokens)
-        if lookahead.uses_window:
-            window = JacobiWindow(lookahead.window, lookahead.ngram, prompt, lookahead.seed)
+    def retire(start: float) -> None:
+        nonlocal live
+        done = [r for r, i in enumerate(live) if seqs[i].progress.done]
+        for r in done:
+            seq = seqs[live[r]]
+            seq.stats.decode_seconds = time.perf_counter() - start
+            seq.stats.new_tokens = seq.progress.count
+            keep_pool = lookahead is not None and lookahead.keep_pool
+            out_state = DecodeState(sequence_cache(cache, r, seq.committed), seq.tokens[:-1],
+                                    seq.pool if keep_pool else None)
+            outputs[live[r]] = DecodeOutput(seq.tokens[len(seq.prompt):], seq.stats, out_state)
+        if done and len(done) < len(live):
+            rest = [r for r in range(len(live)) if r not in done]
+            live = [live[r] for r in rest]
+            select_sequences(cache, rest, max(seqs[i].committed for i in live))
+        elif done:
+            live = []
 
     start = time.perf_counter()
-    while not new.done:
-        step = _step(lm, cache, tokens, window, pool, verify, stats)
-        stats.steps += 1
-        before = len(tokens)
-        new = _accept(tokens, step.tokens, new.count, limits, tokenizer, len(prompt))
-        kept = len(tokens) - before          # what survived EOS / max / stop truncation
-        stats.accepted.append(kept)
-        # KV of the input token and of the accepted candidate tokens; the last token has none yet.
-        commit_kv(cache, len(step.past), [0] + step.winner_rows[: kept - 1])
-        if lookahead is not None and lookahead.prompt_pool:
-            pool.add_from_sequence(tokens, new_from=before)
-    stats.decode_seconds = time.perf_counter() - start
-    stats.new_tokens = new.count
-
-    out_state = DecodeState(cache, tokens[:-1], pool if lookahead is not None and lookahead.keep_pool else None)
-    return DecodeOutput(tokens[len(prompt):], stats, out_state)
+    retire(start)
+    while live:
+        batch = [seqs[i] for i in live]
+        steps = [_plan(seq, lm.position_limit) for seq in batch]
+        past, valid = cache.get_seq_length(), [seq.committed for seq in batch]
+        t0 = time.perf_counter()
+        logits = lm.forward_batch(cache, [step.feed for step in steps])
+        if logits[0].is_cuda:
+            torch.cuda.synchronize(logits[0].device)
+        elapsed = time.perf_counter() - t0
+        keep = [_finish(seq, step, row_logits, elapsed, limits, tokenizer)
+                for seq, step, row_logits in zip(batch, steps, logits)]
+        commit_kv(cache, past, keep, valid)
+        retire(start)
+    return [outputs[i] for i in range(len(seqs))]
 
 
 @dataclass(frozen=True)
@@ -151,43 +239,56 @@ class _Progress:
 
 
 @dataclass(frozen=True)
-class _StepResult:
-    tokens: list[int]
-    winner_rows: list[int]
-    past: range
+class _Plan:
+    tree: DraftTree
+    layout: StepLayout
+    feed: Feed
+    windowed: bool                   # the window's rows are in this step (not near the position limit)
 
 
-def _step(lm: CausalLM, cache, tokens: list[int], window: JacobiWindow | None,
-          pool: NGramPool | None, verify: Verifier, stats: DecodeStats) -> _StepResult:
-    """One fused forward: returns the committed tokens and the rows holding their KV."""
-    x = tokens[-1]
-    past = cache.get_seq_length()                       # == len(tokens) - 1
-    cands = pool.candidates(x) if pool is not None else []
-    cand_len = pool.ngram - 1 if pool is not None else 0
+def _plan(seq: _Sequence, position_limit: int | None) -> _Plan:
+    """What the sequence feeds this step: input token + window + draft tree, all below the model's
+    last position (near it the window sits the step out and the tree is cut to the depth that fits)."""
+    proposer = seq.proposer
+    window = proposer.window if proposer is not None else None
     levels = len(window.levels) if window is not None else 0
-    fit = fit_step(lm.position_limit, past, window.window if window else 0, levels, cand_len)
-    if not fit.window:                  # near the model's last position: this step goes without the window
+    fit = fit_step(position_limit, seq.committed, window.window if window is not None else 0, levels)
+    if not fit.window:
         window, levels = None, 0
-    cands, cand_len = fit.candidates(cands), fit.candidate_len
-    layout = step_layout(window.window if window else 0, levels, len(cands), cand_len)
-    fed = [x] + (window.tokens() if window else []) + [t for c in cands for t in c]
+    window_width = window.window if window is not None else 0
+    window_tokens = window.tokens() if window is not None else []
+    tree = proposer.propose(seq.tokens, 1 + len(window_tokens)) if proposer is not None else EMPTY_TREE
+    tree = cut_tree(tree, fit.max_depth)
+    layout = step_layout(window_width, levels, tree.parents)
+    fed = [seq.tokens[-1]] + window_tokens + list(tree.tokens)
+    visible = None if layout.causal else layout.visible           # None: a plain causal chain
+    return _Plan(tree, layout, Feed(fed, layout.offsets, visible, seq.committed, layout.logit_rows), window is not None)
 
-    t0 = time.perf_counter()
-    visible = None if layout.causal else layout.visible           # None: the model's own causal mask
-    logits = lm.forward(cache, fed, layout.offsets, visible, past, layout.logit_rows)  # (r, V)
-    if logits.is_cuda:
-        torch.cuda.synchronize(logits.device)
-    stats.model_seconds += time.perf_counter() - t0
+
+def _finish(seq: _Sequence, plan: _Plan, logits: torch.Tensor, seconds: float, limits: DecodeLimits,
+            tokenizer) -> list[int]:
+    """Verify the sequence's step (logits (r, V)), commit its tokens, update its sources; return the
+    step rows whose KV it keeps: the input token's and the accepted path's (the last token has none yet)."""
+    stats, layout, fed = seq.stats, plan.layout, plan.feed.tokens
+    stats.steps += 1
+    stats.model_seconds += seconds
     stats.step_tokens.append(layout.size)
-
-    candidates = torch.tensor(cands, dtype=torch.long) if cands else torch.zeros(1, 0, dtype=torch.long)
-    verdict = verify(candidates, logits[layout.verify_logits])            # logits (c, N, V)
-    if window is not None:
-        new_window = logits[layout.last_level_logits].argmax(-1).tolist()  # (W,)
-        grams = window.update(x, new_window)
-        pool.add_all(grams)
-    winner_rows = layout.candidate_rows[verdict.winner, : verdict.matched].tolist() if cands else []
-    return _StepResult(verdict.tokens, winner_rows, range(past))
+    verdict = seq.verify(plan.tree, logits[layout.tree_logits])                     # logits (n+1, V)
+    before = len(seq.tokens)
+    seq.progress = _accept(seq.tokens, verdict.tokens, seq.progress.count, limits, tokenizer, len(seq.prompt))
+    kept = len(seq.tokens) - before              # what survived EOS / max / stop truncation
+    stats.accepted.append(kept)
+    path_rows = layout.tree_rows[verdict.path].tolist() if verdict.path else []
+    proposer = seq.proposer
+    if proposer is not None:
+        outcome = StepOutcome(seq.tokens, before, fed[0])
+        if plan.windowed:
+            outcome = replace(outcome, window_next=logits[layout.last_level_logits].argmax(-1).tolist())
+        if proposer.topk:
+            outcome = replace(outcome, row_tokens=[fed[r] for r in layout.logit_rows.tolist()],
+                              row_topk=logits.topk(proposer.topk, dim=-1).indices.cpu())
+        proposer.update(outcome, plan.tree, verdict.path)
+    return [0] + path_rows[: kept - 1]
 
 
 def _accept(tokens: list[int], proposed: list[int], count: int, limits: DecodeLimits,
@@ -209,23 +310,25 @@ def _hits_stop(tokenizer, generated: list[int], stop_strings: tuple[str, ...]) -
     return any(s in tail for s in stop_strings)
 
 
-def _prefill(lm: CausalLM, prompt: list[int], state: DecodeState | None,
-             stats: DecodeStats) -> tuple[object, torch.Tensor]:
-    """Fill the cache with the prompt (or the part not cached yet); return the last logits (V,)."""
+def _prefill(lm: CausalLM, prompts: list[list[int]], state: DecodeState | None,
+             stats: list[DecodeStats]) -> tuple[object, list[torch.Tensor]]:
+    """Fill the cache with the prompts (right-padded; with a state, the one prompt's uncached part);
+    return each prompt's last logits (V,)."""
     if state is not None and state.cache is not None:
         cache = state.cache
-        reuse = _common_prefix(state.cached_tokens, prompt)
-        reuse = min(reuse, len(prompt) - 1)             # at least one token must be fed
+        reuse = _common_prefix(state.cached_tokens, prompts[0])
+        reuse = min(reuse, len(prompts[0]) - 1)             # at least one token must be fed
         truncate_kv(cache, reuse)
     else:
         cache, reuse = lm.new_cache(), 0
-    fresh = prompt[reuse:]
-    offsets, _ = causal_layout(len(fresh))
+    feeds = [Feed(p[reuse:], torch.arange(len(p) - reuse), None, reuse, torch.tensor([len(p) - reuse - 1]))
+             for p in prompts]
     t0 = time.perf_counter()
-    logits = lm.forward(cache, fresh, offsets, None, reuse, torch.tensor([len(fresh) - 1]))
-    stats.prefill_seconds = time.perf_counter() - t0
-    stats.prefill_tokens = len(fresh)
-    return cache, logits[0]
+    logits = lm.forward_batch(cache, feeds)
+    seconds = time.perf_counter() - t0
+    for s, f in zip(stats, feeds):
+        s.prefill_seconds, s.prefill_tokens = seconds, len(f.tokens)
+    return cache, [row[0] for row in logits]
 
 
 def _pool_for(lookahead: LookaheadConfig | None, state: DecodeState | None) -> NGramPool | None:
@@ -244,3 +347,4 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
             break
         n += 1
     return n
+

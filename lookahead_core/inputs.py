@@ -74,7 +74,7 @@ def _from_array(array: torch.Tensor | np.ndarray) -> list[int]:
                          "(float or bool ids would be silently truncated)")
     if array.ndim == 2:
         if array.shape[0] != 1:
-            raise ValueError(f"batch size {array.shape[0]} is not supported; decode one sequence at a time")
+            raise ValueError(f"batch size {array.shape[0]}: decode takes one sequence; use decode_batch for several")
         array = array[0]
     elif array.ndim != 1:
         raise ValueError(f"input_ids must have shape (L,) or (1, L), got {tuple(array.shape)}")

@@ -8,6 +8,7 @@ from the config: which attention types the layers use (``config.layer_types``, o
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache
@@ -71,59 +72,122 @@ class CausalLM:
         position: int,
         logit_rows: torch.Tensor,
     ) -> torch.Tensor:
-        """Feed ``tokens`` at ``position + offsets`` after the cache; return logits (r, V) of ``logit_rows``.
+        """One sequence: feed ``tokens`` at ``position + offsets`` after the cache; logits (r, V) of
+        ``logit_rows``. ``position`` must be the cache length."""
+        if position != cache.get_seq_length():
+            raise ValueError(f"a sequence's tokens must start right after the cache ({cache.get_seq_length()}), "
+                             f"not at {position}")
+        return self.forward_batch(cache, [Feed(tokens, offsets, visible, position, logit_rows)])[0]
 
-        ``visible=None`` declares the tokens a causal chain right after the cache (``offsets`` =
-        0..q-1, ``position`` = cache length): the model then builds its own mask.
+    def forward_batch(self, cache: DynamicCache, feeds: list[Feed]) -> list[torch.Tensor]:
+        """One forward over every sequence of the batch (``feeds[b]`` is cache row b); logits per sequence.
+
+        Feeds are right-padded to the longest; a padding row sits at the sequence's ``position`` and
+        sees only itself. The step's KV lands in slots ``past .. past + q - 1`` of every row
+        (``past`` = the cache length); :func:`commit_kv` then keeps what each sequence accepted.
+        When every feed is a causal chain of one length right after a full cache (one sequence, or
+        a batch in lockstep), no mask is passed and the model builds its own.
         """
         past = cache.get_seq_length()
+        q = max(len(f.tokens) for f in feeds)
+        if any(f.position > past for f in feeds):
+            raise ValueError(f"a sequence's committed KV cannot be longer than the cache ({past})")
         device = self.device
-        if visible is None:
-            if position != past:
-                raise ValueError(f"a causal chain must start right after the cache ({past}), not at {position}")
+        offsets = torch.zeros(len(feeds), q, dtype=torch.long)
+        visible = torch.eye(q, dtype=torch.bool).repeat(len(feeds), 1, 1)
+        for b, f in enumerate(feeds):
+            n = len(f.tokens)
+            offsets[b, :n] = f.offsets
+            visible[b, :n, :n] = torch.ones(n, n, dtype=torch.bool).tril() if f.visible is None else f.visible
+        positions = torch.tensor([f.position for f in feeds])
+        if all(f.visible is None and len(f.tokens) == q and f.position == past for f in feeds):
             mask = None
         else:
+            valid = None if bool((positions == past).all()) else positions
             masks = {
-                kind: attention_mask(offsets, visible, past, position, sliding_window=window, dtype=self.dtype,
-                                     device=device)
+                kind: attention_mask(offsets, visible, past, positions, sliding_window=window, dtype=self.dtype,
+                                     device=device, valid=valid)
                 for kind, window in self.windows.items()
             }
             mask = next(iter(masks.values())) if len(masks) == 1 else masks
+        needed = torch.unique(torch.cat([f.logit_rows for f in feeds]))            # sorted, shared by the batch
         kwargs = {self._cache_kw: cache}
         if self._keeps_logits:
-            kwargs["logits_to_keep"] = logit_rows.to(device)
+            kwargs["logits_to_keep"] = needed.to(device)
         out = self.model(
-            input_ids=torch.tensor([tokens], device=device),
-            position_ids=(position + offsets).to(device)[None],
+            input_ids=torch.tensor([f.tokens + [0] * (q - len(f.tokens)) for f in feeds], device=device),
+            position_ids=(positions[:, None] + offsets).to(device),
             attention_mask=mask,
             use_cache=True,
             **kwargs,
         )
-        logits = out.logits[0]                                            # (r or q, V)
-        return logits if self._keeps_logits else logits[logit_rows.to(device)]
+        logits = out.logits if self._keeps_logits else out.logits[:, needed.to(device)]      # (B, r, V)
+        if len(feeds) == 1:
+            return [logits[0]]
+        return [logits[b, torch.searchsorted(needed, f.logit_rows).to(device)] for b, f in enumerate(feeds)]
 
 
-def commit_kv(cache: DynamicCache, past: int, keep_rows: list[int]) -> None:
-    """Keep the committed rows of the last step (given relative to ``past``) and drop the rest.
+@dataclass(frozen=True)
+class Feed:
+    """One sequence's part of a batched forward."""
 
-    ``keep_rows`` is sorted and starts with 0 (the input token), so the rows only move left:
-    copying them into place and slicing touches just the accepted rows, not the whole cache.
+    tokens: list[int]
+    offsets: torch.Tensor            # (q,) positions relative to ``position``
+    visible: torch.Tensor | None     # (q, q) bool; None: a causal chain
+    position: int                    # the sequence's committed KV length = position of its first token
+    logit_rows: torch.Tensor         # (r,) sorted rows whose logits are returned
+
+
+def commit_kv(cache: DynamicCache, past: int, keep_rows: list[list[int]], valid: list[int] | None = None) -> None:
+    """Keep the rows each sequence accepted in the last step and drop the rest.
+
+    ``past`` is the cache length before the step (its rows start there); ``keep_rows[b]`` lists
+    sequence b's kept rows relative to ``past``, sorted; ``valid[b]`` is its committed KV length
+    before the step (default ``past`` for every sequence). The kept rows move to slots
+    ``valid[b], valid[b] + 1, ...``, so each sequence's KV stays a prefix of its cache row, slot =
+    position; the cache is cut to the longest. Only the moved rows are copied.
     """
-    keep = torch.tensor(keep_rows) + past
-    new_len = past + len(keep_rows)
-    contiguous = keep_rows == list(range(len(keep_rows)))
+    valid = valid if valid is not None else [past] * len(keep_rows)
+    moves = [(b, start + i, past + r) for b, (start, rows) in enumerate(zip(valid, keep_rows))
+             for i, r in enumerate(rows) if start + i != past + r]
+    new_len = max(start + len(rows) for start, rows in zip(valid, keep_rows))
+    if moves:
+        row, dst, src = torch.tensor(moves).T
     for layer in cache.layers:
-        if not contiguous:
-            index = keep.to(layer.keys.device)
-            layer.keys[..., past:new_len, :] = layer.keys[..., index, :]
-            layer.values[..., past:new_len, :] = layer.values[..., index, :]
+        if moves:
+            device = layer.keys.device
+            row, dst, src = row.to(device), dst.to(device), src.to(device)
+            layer.keys[row, :, dst] = layer.keys[row, :, src]
+            layer.values[row, :, dst] = layer.values[row, :, src]
         layer.keys = layer.keys[..., :new_len, :]
         layer.values = layer.values[..., :new_len, :]
 
 
 def truncate_kv(cache: DynamicCache, length: int) -> None:
     """Drop every cached position from ``length`` on."""
-    commit_kv(cache, length, [])
+    for layer in cache.layers:
+        layer.keys = layer.keys[..., :length, :]
+        layer.values = layer.values[..., :length, :]
+
+
+def select_sequences(cache: DynamicCache, rows: list[int], length: int) -> None:
+    """Keep only the cache rows ``rows`` (in that order), cut to ``length`` slots."""
+    index = torch.tensor(rows)
+    for layer in cache.layers:
+        layer.keys = layer.keys[index.to(layer.keys.device), :, :length]
+        layer.values = layer.values[index.to(layer.values.device), :, :length]
+
+
+def sequence_cache(cache: DynamicCache, row: int, length: int) -> DynamicCache:
+    """A cache of its own for sequence ``row``: its first ``length`` slots (the cache itself if it holds
+    that sequence alone)."""
+    if cache.layers and cache.layers[0].keys.shape[0] == 1:
+        truncate_kv(cache, length)
+        return cache
+    own = DynamicCache()
+    for i, layer in enumerate(cache.layers):
+        own.update(layer.keys[row:row + 1, :, :length].clone(), layer.values[row:row + 1, :, :length].clone(), i)
+    return own
 
 
 def _attention_windows(config) -> dict[str, int | None]:

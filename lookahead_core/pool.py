@@ -12,6 +12,8 @@ class NGramPool:
     One insert path (``add``): a continuation already present is refreshed to most recent; a new
     one is appended, and when the key is full the oldest is evicted. ``candidates(key)`` returns
     them oldest first, the order the reference verifies them in (ties go to the first).
+    ``origin`` names what inserted an n-gram last (the lookahead window, the text); ``tagged(key)``
+    returns it beside each continuation, so acceptance can be counted per source.
 
     >>> pool = NGramPool(ngram=3, capacity=2)
     >>> for gram in [(5, 1, 2), (5, 3, 4), (5, 1, 2), (5, 7, 8)]:
@@ -27,9 +29,9 @@ class NGramPool:
             raise ValueError(f"capacity must be >= 0, got {capacity}")
         self.ngram = ngram
         self.capacity = capacity
-        self._table: dict[int, OrderedDict[tuple[int, ...], None]] = {}
+        self._table: dict[int, OrderedDict[tuple[int, ...], str]] = {}
 
-    def add(self, gram: Sequence[int]) -> None:
+    def add(self, gram: Sequence[int], origin: str = "pool") -> None:
         """Insert one n-gram (key token followed by its N-1 continuation)."""
         if len(gram) != self.ngram:
             raise ValueError(f"expected an {self.ngram}-gram, got {len(gram)} tokens")
@@ -39,16 +41,17 @@ class NGramPool:
         bucket = self._table.setdefault(key, OrderedDict())
         if continuation in bucket:
             bucket.move_to_end(continuation)
+            bucket[continuation] = origin
             return
-        bucket[continuation] = None
+        bucket[continuation] = origin
         if len(bucket) > self.capacity:
             bucket.popitem(last=False)
 
-    def add_all(self, grams: Iterable[Sequence[int]]) -> None:
+    def add_all(self, grams: Iterable[Sequence[int]], origin: str = "pool") -> None:
         for gram in grams:
-            self.add(gram)
+            self.add(gram, origin)
 
-    def add_from_sequence(self, tokens: Sequence[int], new_from: int = 0) -> None:
+    def add_from_sequence(self, tokens: Sequence[int], new_from: int = 0, origin: str = "pool") -> None:
         """Insert every n-gram of ``tokens`` that contains a token at index >= ``new_from``.
 
         Called with ``new_from`` = the length before the last commit, each n-gram of the text is
@@ -57,11 +60,16 @@ class NGramPool:
         """
         n = self.ngram
         for end in range(max(n, new_from + 1), len(tokens) + 1):
-            self.add(tokens[end - n:end])
+            self.add(tokens[end - n:end], origin)
 
     def candidates(self, key: int) -> list[tuple[int, ...]]:
         bucket = self._table.get(int(key))
         return list(bucket) if bucket else []
+
+    def tagged(self, key: int) -> list[tuple[tuple[int, ...], str]]:
+        """``candidates(key)`` with the origin of each."""
+        bucket = self._table.get(int(key))
+        return list(bucket.items()) if bucket else []
 
     def __len__(self) -> int:
         return sum(len(b) for b in self._table.values())

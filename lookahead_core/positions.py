@@ -3,7 +3,7 @@
 A step's window and candidate rows sit ahead of its input token (layout.py): at p + N - 1 for
 candidates, up to p + N + W - 3 for the window. Models with learned absolute positions (GPT-2,
 OPT, ...) crash or read garbage there, so near the end of the context the window is left out of
-the step and candidates are cut to fit; the input token itself is fed wherever ``generate``
+the step and the draft tree is cut to the depth that fits; the input token itself is fed wherever ``generate``
 would feed it, so the output equals ``generate``'s to the last token.
 """
 
@@ -28,26 +28,21 @@ def position_limit(config) -> int | None:
 
 @dataclass(frozen=True)
 class StepFit:
-    """What of a step fits below the limit: whether the window goes in, and the candidate length."""
+    """What of a step fits below the limit: whether the window goes in, and the deepest tree node
+    (None: no cap)."""
 
     window: bool
-    candidate_len: int
-
-    def candidates(self, candidates: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
-        """The candidates cut to ``candidate_len`` (duplicates that cutting makes are dropped)."""
-        if not self.candidate_len:
-            return []
-        return list(dict.fromkeys(tuple(c[: self.candidate_len]) for c in candidates))
+    max_depth: int | None
 
 
-def fit_step(limit: int | None, position: int, window: int, levels: int, candidate_len: int) -> StepFit:
+def fit_step(limit: int | None, position: int, window: int, levels: int) -> StepFit:
     """Fit a step whose input token sits at ``position`` below ``limit``.
 
     The window (``levels`` filled levels of ``window`` columns; level l, column i at position + l + i)
-    goes in only if its last row fits; candidates keep the tokens that fit (position + 1 + k < limit),
-    possibly none. With ``limit=None`` everything fits.
+    goes in only if its last row fits; a tree node of depth d sits at position + d, so the tree keeps
+    the depths below the limit (position + d < limit), possibly none. With ``limit=None`` everything fits.
     """
     if limit is None:
-        return StepFit(levels > 0, candidate_len)
+        return StepFit(levels > 0, None)
     window_end = position + levels - 1 + window - 1 if levels else position
-    return StepFit(levels > 0 and window_end < limit, max(0, min(candidate_len, limit - 1 - position)))
+    return StepFit(levels > 0 and window_end < limit, max(0, limit - 1 - position))

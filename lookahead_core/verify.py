@@ -1,13 +1,20 @@
-"""Verification: which candidate tokens to commit, given the logits that predict them.
+"""Verification: which draft tokens to commit, given the logits that predict them.
 
-Greedy and sampling decoding differ only in the function used here; the decode loop is shared.
-Both take ``candidates`` (c, L) and ``logits`` (c, L+1, V) where ``logits[j, k]`` predicts
-candidate token k (k < L) and, at k = L, the token after a fully matched candidate. With no
-candidates, c = 1 and L = 0: the step commits the model's own next token.
+The step's drafts form a tree (``layout.DraftTree``) under the input token. ``logits`` is (n+1, V):
+row 0 predicts the input token's children (the next token), row i+1 the children of node i (the
+token after it). Verification walks down the tree from the input token: at each node a *pick*
+decides which child, if any, is accepted, and the walk ends with one token of the model's own (the
+bonus token). Greedy and sampling decoding differ only in the pick; the walk and the decode loop
+are shared.
+
+Siblings with the same token (a tree built without merging, i.e. linear branches) are treated as
+one: the walk keeps every node on the accepted prefix alive, so the longest accepted candidate
+wins and ties go to the first.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -20,26 +27,50 @@ from transformers.generation.logits_process import (
 )
 
 from .config import SamplingConfig
+from .layout import DraftTree
 
 
 @dataclass(frozen=True)
 class Verdict:
-    tokens: list[int]   # committed this step: the accepted candidate prefix plus one model token
-    winner: int         # candidate whose KV rows hold the accepted prefix
-    matched: int        # accepted candidate tokens (len(tokens) - 1)
+    tokens: list[int]   # committed this step: the accepted draft tokens plus one model token
+    path: list[int]     # tree nodes holding the accepted draft tokens, depth 1 first
+
+    @property
+    def matched(self) -> int:
+        return len(self.path)
 
 
 class Verifier(Protocol):
-    def __call__(self, candidates: torch.Tensor, logits: torch.Tensor) -> Verdict: ...
+    def __call__(self, tree: DraftTree, logits: torch.Tensor) -> Verdict: ...
 
 
-def verify_greedy(candidates: torch.Tensor, logits: torch.Tensor) -> Verdict:
-    """Longest prefix equal to the argmax; ties go to the first candidate (as the reference)."""
-    predicted = logits.argmax(-1).cpu()                                   # (c, L+1)
-    matches = (candidates == predicted[:, :-1]).cumprod(-1).sum(-1)       # (c,)
-    winner = int(matches.argmax())
-    matched = int(matches[winner])
-    return Verdict(candidates[winner, :matched].tolist() + [int(predicted[winner, matched])], winner, matched)
+# pick(row, options) -> (token, accepted): the token the model takes after the node whose logits
+# are row ``row``, and whether it is one of ``options`` (the distinct child tokens, in node order).
+Pick = Callable[[int, Sequence[int]], tuple[int, bool]]
+
+
+def walk_tree(tree: DraftTree, pick: Pick) -> Verdict:
+    """Follow ``pick`` down ``tree`` from the input token; the walk's accepted path and tokens."""
+    alive, tokens = [-1], []
+    while True:
+        kids = [c for a in alive for c in tree.children.get(a, ())]
+        options = list(dict.fromkeys(tree.tokens[c] for c in kids))
+        token, accepted = pick(alive[0] + 1, options)
+        tokens.append(token)
+        if not accepted:
+            break
+        alive = [c for c in kids if tree.tokens[c] == token]
+    return Verdict(tokens, tree.path_to(alive[0]))
+
+
+def verify_greedy(tree: DraftTree, logits: torch.Tensor) -> Verdict:
+    """Follow the model's argmax down the tree: the longest accepted path plus the bonus token."""
+    predicted = logits.argmax(-1).tolist()                                  # (n+1,)
+
+    def pick(row: int, options: Sequence[int]) -> tuple[int, bool]:
+        return predicted[row], predicted[row] in options
+
+    return walk_tree(tree, pick)
 
 
 def make_warper(sampling: SamplingConfig) -> LogitsProcessorList:
@@ -61,43 +92,28 @@ def sampling_probs(logits: torch.Tensor, warper: LogitsProcessorList) -> torch.T
     return torch.softmax(warped.double(), dim=-1).cpu().reshape(logits.shape)
 
 
-def verify_sampling(
-    candidates: torch.Tensor,
-    logits: torch.Tensor,
-    *,
-    warper: LogitsProcessorList,
-    generator: torch.Generator,
-) -> Verdict:
-    """Multi-draft speculative sampling with point-mass drafts (SpecInfer-style).
+def sampling_pick(logits: torch.Tensor, warper: LogitsProcessorList, generator: torch.Generator) -> Pick:
+    """Recursive rejection over a node's children with point-mass drafts (SpecInfer-style).
 
-    At each depth, the drafts of the candidates that share the accepted prefix are tried in
-    order: draft x is accepted with probability p(x); on rejection p(x) is set to 0 and p is
-    renormalised. If every draft is rejected, the token is drawn from what is left and the step
-    ends. The committed tokens are distributed exactly as sampling from the model token by token.
+    The children's tokens are tried in order: token x is accepted with probability p(x); on
+    rejection p(x) is set to 0 and p is renormalised. If every child is rejected, the token is drawn
+    from what is left. The chosen token is distributed exactly as p, so the committed tokens are
+    distributed as sampling from the model token by token.
     """
-    length = candidates.shape[1]
-    alive = list(range(candidates.shape[0]))
-    tokens: list[int] = []
-    for depth in range(length + 1):
-        probs = sampling_probs(logits[alive[0], depth], warper)
-        if depth < length:
-            for j in alive:
-                draft = int(candidates[j, depth])
-                if torch.rand((), generator=generator, dtype=torch.float64) < probs[draft]:
-                    tokens.append(draft)
-                    alive = [i for i in alive if int(candidates[i, depth]) == draft]
-                    break
-                probs[draft] = 0.0
-                probs /= probs.sum()
-            else:
-                return Verdict(tokens + [_draw(probs, generator)], alive[0], depth)
-            continue
-        tokens.append(_draw(probs, generator))
-    return Verdict(tokens, alive[0], length)
 
+    def pick(row: int, options: Sequence[int]) -> tuple[int, bool]:
+        probs = sampling_probs(logits[row], warper)
+        for draft in options:
+            if torch.rand((), generator=generator, dtype=torch.float64) < probs[draft]:
+                return draft, True
+            probs[draft] = 0.0
+            total = probs.sum()
+            if total <= 0:                   # the drafts covered the support (rounding): take the last
+                return draft, True
+            probs /= total
+        return int(torch.multinomial(probs, 1, generator=generator)), False
 
-def _draw(probs: torch.Tensor, generator: torch.Generator) -> int:
-    return int(torch.multinomial(probs, 1, generator=generator))
+    return pick
 
 
 def make_verifier(sampling: SamplingConfig, generator: torch.Generator | None = None) -> Verifier:
@@ -106,8 +122,7 @@ def make_verifier(sampling: SamplingConfig, generator: torch.Generator | None = 
     generator = generator if generator is not None else torch.Generator().manual_seed(sampling.seed)
     warper = make_warper(sampling)
 
-    def verify(candidates: torch.Tensor, logits: torch.Tensor) -> Verdict:
-        return verify_sampling(candidates, logits, warper=warper, generator=generator)
+    def verify(tree: DraftTree, logits: torch.Tensor) -> Verdict:
+        return walk_tree(tree, sampling_pick(logits, warper, generator))
 
     return verify
-

@@ -3,6 +3,7 @@
     python scripts/gpu_bench.py --out results/benchmark/gpu \\
         --acceptance results/benchmark/smollm2_mtbench/rows.csv results/benchmark/smollm2_humaneval/rows.csv
     python scripts/gpu_bench.py --tiny --out /tmp/gpu_bench_tiny     # CPU smoke test (tests run this)
+    python scripts/gpu_bench.py --out results/batch/gpu --shapes 7b --batch-rows results/batch/rows.csv
 
 Speedup = S x t_step(greedy) / t_step(W, N, G). S is a property of the model and the text and cannot
 be measured with random weights, so it is read from ``--acceptance``: the rows of
@@ -17,6 +18,10 @@ shapes, initialised on the device (no download):
 3. the decode loop of each config for a few dozen steps, with the n-gram pool pre-filled so every
    step carries G candidates (random weights accept nothing, so each step commits one token):
    ms per step, and the share spent outside the forward.
+
+With ``--batch-rows`` (``experiments.batch_bench`` rows), also t(B, k) for each ``--batch-sizes`` and
+the speedup over batched greedy per (dataset, decoder, B), from each batch's per-sequence step
+records (``cost_model.predict_batch``).
 
 Projections printed and written per config: ``S * t(1)/t(k)`` with k the mean tokens per step of
 the real-model run (forward only, events), and the same with the loop's measured host time per step
@@ -190,8 +195,11 @@ def read_acceptance(paths: Sequence[str]) -> list[dict]:
     for g in groups.values():
         row = g["row"]
         pool_only = row["pool_only"] == "True"
-        config = LookaheadConfig(window=1 if pool_only else int(row["W"]), ngram=int(row["N"]), guess=int(row["G"]),
-                                 prompt_pool=row["prompt_pool"] == "True", pool_only=pool_only)
+        if row.get("lookahead"):             # every field, token trees included (newer rows)
+            config = LookaheadConfig(**json.loads(row["lookahead"]))
+        else:
+            config = LookaheadConfig(window=1 if pool_only else int(row["W"]), ngram=int(row["N"]),
+                                     guess=int(row["G"]), prompt_pool=row["prompt_pool"] == "True", pool_only=pool_only)
         out.append({"source": g["source"], "decoder": g["decoder"], "config": config,
                     "S": g["tokens"] / g["steps"] if g["steps"] else 1.0,
                     "tokens_per_step": statistics.fmean(g["step_tokens"])})
@@ -213,6 +221,36 @@ def project(acceptance: list[dict], events: cm.CostModel, wall: cm.CostModel, lo
             "projected_with_loop": a["S"] * (wall.latency(1, 1) + host0) / (wall.latency(k, rows_kept) + host),
         })
     return rows
+
+
+def read_batch_records(paths: Sequence[str]) -> dict[tuple[str, str, int, int], dict]:
+    """Per (dataset, decoder, B, batch) of ``experiments.batch_bench`` rows: the config and each
+    sequence's per-step record (tokens fed, tokens committed), as measured with a real model."""
+    batches: dict[tuple[str, str, int, int], dict] = {}
+    for path in paths:
+        with open(path, newline="") as handle:
+            for row in csv.DictReader(handle):
+                if not row["step_tokens"]:
+                    continue                              # transformers' generate keeps no record
+                key = (row["dataset"], row["decoder"], int(row["B"]), int(row["batch"]))
+                config = LookaheadConfig(**json.loads(row["lookahead"])) if row["lookahead"] else None
+                b = batches.setdefault(key, {"config": config, "step_tokens": [], "accepted": []})
+                b["step_tokens"].append(json.loads(row["step_tokens"]))
+                b["accepted"].append(json.loads(row["accepted"]))
+    return batches
+
+
+def project_batches(batches: dict[tuple[str, str, int, int], dict], costs: dict[int, cm.CostModel]) -> list[dict]:
+    """Projected speedup over batched greedy per (dataset, decoder, B): the median over the batches of
+    ``cost_model.predict_batch`` with this device's t(B, k)."""
+    groups: dict[tuple[str, str, int], list[float]] = {}
+    for (dataset, decoder, B, _), b in batches.items():
+        if b["config"] is None:
+            continue
+        groups.setdefault((dataset, decoder, B), []).append(
+            cm.predict_batch(costs, b["config"], b["step_tokens"], b["accepted"]))
+    return [{"dataset": d, "decoder": n, "B": B, "projected": statistics.median(v), "batches": len(v)}
+            for (d, n, B), v in sorted(groups.items())]
 
 
 def write_csv(path: Path, rows: list[dict]) -> None:
@@ -248,6 +286,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--loop-steps", type=int, default=None, help="decode steps timed per config (default 48, tiny 8)")
     parser.add_argument("--configs", nargs="*", default=None, help="N,W,G triples for the loop timing")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's; tiny: 1)")
+    parser.add_argument("--batch-rows", nargs="*", default=[], help="rows.csv files of experiments.batch_bench: "
+                        "measure t(B, k) and project the speedup against batch size")
+    parser.add_argument("--batch-sizes", nargs="*", type=int, default=[1, 2, 4, 8, 16, 32, 64])
     args = parser.parse_args(argv)
     threads = args.threads or (1 if args.tiny else None)
     if threads:
@@ -314,6 +355,20 @@ def main(argv: Sequence[str] | None = None) -> None:
             summary.append("\nProjected speedup over greedy (S from the CPU runs of a real model):\n\n" + markdown(
                 projection, ["source", "decoder", "S", "tokens_per_step", "t1_ms", "tk_ms",
                              "projected_forward_only", "projected_with_loop"]))
+        batches = read_batch_records(args.batch_rows)
+        if batches:
+            costs = {}
+            for B in args.batch_sizes:
+                say(f"{shape}: timing batched forwards, B = {B}")
+                costs[B] = cm.measure_latency(model, sizes, kv_length=kv_length, repeats=max(2, repeats // 2), batch=B)
+                write_csv(out / f"latency_batch_{shape}.csv", [r for c in costs.values() for r in c.to_rows()])
+            batch_projection = project_batches(batches, costs)
+            write_csv(out / f"projection_batch_{shape}.csv", batch_projection)
+            summary.append("\nt(B, k) / t(B, 1), core path:\n\n" + markdown(
+                [{"B": B, **{f"k={k}": c.latency(k) / c.latency(1) for k in (1, 4, 16, 64)}} for B, c in costs.items()],
+                ["B", "k=1", "k=4", "k=16", "k=64"]))
+            summary.append("\nProjected speedup over batched greedy (per-sequence records from the CPU batch runs):\n\n"
+                           + markdown(batch_projection, ["dataset", "decoder", "B", "projected", "batches"]))
         (out / "summary.md").write_text("\n".join(summary) + "\n")
         say(f"{shape}: done in {time.perf_counter() - started:.0f} s")
         print("\n".join(summary[-3:]), flush=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import importlib.util
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -164,3 +165,29 @@ def test_collect_checks_the_goals_per_run_folder(run_dir: Path, tmp_path: Path):
     assert row["goal_not_slower"] == (row["auto_speedup"] >= 1.0)
     assert row["goal_beats_pld"] == (row["auto_speedup"] > summary.loc["hf_pld_k3", "speedup_sum"])
     assert pd.isna(row["goal_1.3x"])                          # the 1.3x goal is for HumanEval and MBPP
+
+
+@needs_data
+def test_tree_configs_spread_items_and_old_rows_files(tmp_path: Path):
+    """--core adds token-tree decoders (acceptance per source in the rows), --every spreads the
+    prompts with calibration items beside them, and a rows.csv from before the new columns resumes."""
+    out = tmp_path / "trees"
+    args = ["--model", "tiny-llama", "--dataset", "mtbench", "--limit", "2", "--every", "10", "--max-new-tokens", "10",
+            "--configs", "--pool-only", "--prompt-lookup", "--threads", "1",
+            "--core", "ngram=3,guess=2,pool_only=1,tree=1,suffix=2,recycle=2,budget=4", "--out", str(out)]
+    benchmark.main(args)
+    df = read_rows(out)
+    assert sorted(df["item_id"].unique()) == ["81", "91"]            # questions 81 and 91: two categories
+    tree = df[df["decoder"] == "pool_N3G2_tree_sfx2_rc2_k4"]
+    assert len(tree) == 2 and tree["matches_hf_greedy"].all()
+    assert {"suffix", "recycle"} & {r["source"] for r in json.loads(tree["draft_acceptance"].iloc[0])}
+    table = benchmark.summarize(df).set_index("decoder")
+    assert table.loc["pool_N3G2_tree_sfx2_rc2_k4", "config"] == "pool_N3G2_tree_sfx2_rc2_k4"
+    # An older file (without the last two columns) is rewritten with them and resumed, not refused.
+    text = (out / "rows.csv").read_text().splitlines()
+    old = [",".join(benchmark.COLUMNS[:-2])] + [line for line in text[1:]]
+    (out / "rows.csv").write_text("\n".join(old) + "\n")
+    store = benchmark.RowStore(out / "rows.csv", list(df["decoder"].unique()))
+    assert store.finished == {"81", "91"}
+    with pytest.raises(SystemExit):
+        benchmark.main([*args[:-2], "--every", "0", "--out", str(out)])

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from experiments import runner
+from experiments import runner, schema
 from experiments.datasets import default_data_root, repo_root
 from experiments.schema import ConfigError, Decoder, RunSettings, register_configs, to_settings
 from lookahead_core import DecodeLimits, LookaheadConfig, SamplingConfig
@@ -69,6 +69,8 @@ def test_the_default_is_the_small_demo() -> None:
     ("pool_only", "greedy", "pool_only", "pool_only_n5_g15"),
     ("lookahead_sampling", "sampling", "lookahead", "lookahead_w15_n5_g15_t1_k0_p1"),
     ("auto", "greedy", "auto", "auto"),
+    ("tree", "greedy", "pool_only", "pool_only_n4_g4_tree_sfx4_rc4_d6_k4"),
+    ("lookahead_tree", "greedy", "lookahead_pool", "lookahead_pool_w7_n5_g7_tree_sfx4_rc4_d6_k56"),
 ])
 def test_decoders_and_tags(decoding: str, baseline: str, candidate: str | None, tag: str) -> None:
     settings = to_settings(compose_config("experiment=mtbench", f"decoding={decoding}"))
@@ -122,6 +124,8 @@ def test_smollm2_grid_ties_guess_to_window() -> None:
     ("decoding=auto decoding.calibration_items=0", "decoding.calibration_items"),
     ("decoding=auto decoding.calibration_tokens=0", "decoding.calibration_tokens"),
     ("decoding=auto decoding.lookahead=false", "decoding.lookahead"),
+    ("decoding=tree decoding.budget=1", "budget"),
+    ("decoding=tree decoding.suffix=-1", "suffix"),
 ])
 def test_bad_values_fail_naming_the_key_before_any_model_loads(override: str, key: str) -> None:
     extra = ["experiment=mbpp"] if override.startswith("dataset.options") else []
@@ -152,6 +156,15 @@ def test_the_results_path_depends_on_settings_not_on_the_subset() -> None:
     assert to_settings(compose_config("dataset.limit=3", "dataset.offset=2")).results_path() == path
     assert to_settings(compose_config("experiment.max_new_tokens=32")).results_path() != path
     assert to_settings(compose_config("seed=1")).results_path() != path
+
+
+def test_tree_fields_at_their_defaults_keep_old_results_paths() -> None:
+    """Files written before token trees existed keep their names, so their runs still resume."""
+    settings = to_settings(compose_config("experiment=mtbench", "decoding=lookahead_pool"))
+    fields = schema._lookahead_fields(settings.candidate.lookahead)
+    assert "tree" not in fields and "budget" not in fields
+    tree = to_settings(compose_config("experiment=mtbench", "decoding=lookahead_pool", "decoding.tree=true"))
+    assert tree.results_path() != settings.results_path() and tree.candidate.lookahead.tree
 
 
 def test_the_joblib_launcher_is_available() -> None:

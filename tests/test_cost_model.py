@@ -156,3 +156,26 @@ def test_auto_picks_lookahead_when_big_forwards_are_free(tiny):
     assert best.config == chosen and best.predicted > 1.0 and best.compression > 1.0
     assert best.predicted == pytest.approx(best.compression, rel=0.01)   # host time is negligible at 1 s/step
     assert len(report.rows()) == len(default_grid()) + 1
+
+
+def test_auto_screens_every_config_briefly_then_calibrates_the_best_few(tiny):
+    flat = CostModel(tokens=(1, 256), seconds=(1.0, 1.0))
+    grid = default_grid()
+    chosen, report = choose_config(tiny, repetitive_prompts(tiny.config.vocab_size), DecodeLimits(32), grid,
+                                   cost_model=flat, prune=False, screen_tokens=8, finalists=2)
+    status = [c.status for c in report.candidates[1:]]
+    assert status.count("calibrated") == 2 and status.count("screened") == len(grid) - 2
+    finals = [c for c in report.candidates[1:] if c.status == "calibrated"]
+    screened = [c for c in report.candidates[1:] if c.status == "screened"]
+    assert chosen in [c.config for c in finals]
+    # the finalists are the best of the screen; a screen decodes fewer tokens than a full run
+    assert max(c.accepted for c in screened) < min(c.accepted for c in finals)
+
+
+def test_tree_labels_and_shapes():
+    tree = LookaheadConfig(ngram=4, guess=4, pool_only=True, tree=True, suffix=4, recycle=4, depth=6, budget=8)
+    assert config_label(tree) == "pool_N4G4_tree_sfx4_rc4_d6_k8"
+    assert step_shape(tree) == (8, 8) and step_shape(tree, 0) == (1, 1)
+    cost = CostModel(tokens=(1, 256), seconds=(1.0, 1.0))
+    assert upper_bound(cost, tree) == pytest.approx(7.0)      # one 6-token draft + bonus, within budget 8
+    assert upper_bound(cost, LookaheadConfig(ngram=4, guess=4, pool_only=True, budget=3)) == pytest.approx(3.0)

@@ -5,57 +5,76 @@ import itertools
 import pytest
 import torch
 
-from lookahead_core.layout import attention_mask, causal_layout, step_layout
+import lookahead_core.layout as layout_module
+from lookahead_core.layout import (Draft, attention_mask, build_tree, causal_layout, chains, prune_tree,
+                                   step_layout, window_rows)
 
 
-def reference_rows(window, levels, candidates, cand_len):
-    """Rows as REFERENCE.md lists them: ('in',), ('win', level, col), ('cand', j, k)."""
+def reference_rows(window, levels, nodes):
+    """Rows as REFERENCE.md lists them: ('win', level, col) (the input token is ('win', 0, 0)), then ('node', i)."""
     rows = [("win", 0, 0)]
     rows += [("win", lvl, col) for lvl in range(levels) for col in range(window) if (lvl, col) != (0, 0)]
-    rows += [("cand", j, k) for j in range(candidates) for k in range(cand_len)]
+    rows += [("node", i, None) for i in range(nodes)]
     return rows
 
 
-def reference_position(row):
+def ancestors_or_self(parents, i):
+    out = set()
+    while i >= 0:
+        out.add(i)
+        i = parents[i]
+    return out
+
+
+def reference_position(row, parents):
     kind, a, b = row
-    return a + b if kind == "win" else 1 + b
+    return a + b if kind == "win" else len(ancestors_or_self(parents, a))
 
 
-def reference_sees(q, k):
+def reference_sees(q, k, parents):
     """REFERENCE.md: level l col i sees level-0 cols 0..i and its own column in levels 1..l;
-    a candidate token sees the input token and its own earlier tokens; branches never meet."""
+    a tree node sees the input token, its ancestors and itself; the window and the tree never meet."""
     if q[0] == "win" and k[0] == "win":
         _, lq, cq = q
         _, lk, ck = k
         return (lk == 0 and ck <= cq) or (1 <= lk <= lq and ck == cq)
-    if q[0] == "cand":
+    if q[0] == "node":
         if k == ("win", 0, 0):
             return True
-        return k[0] == "cand" and k[1] == q[1] and k[2] <= q[2]
+        return k[0] == "node" and k[1] in ancestors_or_self(parents, q[1])
     return False
 
 
-GRID = list(itertools.product([1, 2, 4, 7], [0, 1, 2, 4], [0, 1, 3], [1, 2, 4]))
+def random_parents(n, seed):
+    gen = torch.Generator().manual_seed(seed)
+    return tuple(int(torch.randint(-1, i, (1,), generator=gen)) for i in range(n))
 
 
-@pytest.mark.parametrize("window,levels,candidates,cand_len", GRID)
-def test_layout_matches_cell_by_cell_reference(window, levels, candidates, cand_len):
-    layout = step_layout(window, levels, candidates, cand_len)
-    rows = reference_rows(window, levels, candidates, cand_len)
+TREES = ([chains(c, length) for c in (0, 1, 3) for length in (1, 2, 4)]
+         + [random_parents(n, seed) for n, seed in ((1, 0), (5, 1), (9, 2), (16, 3))])
+GRID = list(itertools.product([1, 2, 4, 7], [0, 1, 2, 4], TREES))
+
+
+@pytest.mark.parametrize("window,levels,parents", GRID)
+def test_layout_matches_cell_by_cell_reference(window, levels, parents):
+    layout = step_layout(window, levels, parents)
+    rows = reference_rows(window, levels, len(parents))
     assert layout.size == len(rows)
-    assert layout.offsets.tolist() == [reference_position(r) for r in rows]
-    expected = torch.tensor([[reference_sees(q, k) for k in rows] for q in rows])
+    assert layout.offsets.tolist() == [reference_position(r, parents) for r in rows]
+    expected = torch.tensor([[reference_sees(q, k, parents) for k in rows] for q in rows])
     assert torch.equal(layout.visible, expected)
-    # The step feeds 1 + (W-1) + (L-1)*W + c*(N-1) tokens, at most (N-1)*(W+G).
-    expected_size = (1 + (window - 1) + (levels - 1) * window if levels else 1) + candidates * cand_len
-    assert layout.size == expected_size
+    # The step feeds 1 + (W-1) + (L-1)*W window tokens plus one row per tree node.
+    assert layout.size == window_rows(window, levels) + len(parents)
     last = [i for i, r in enumerate(rows) if levels and r[0] == "win" and r[1] == levels - 1]
     assert layout.last_level_rows.tolist() == last
-    assert layout.candidate_rows.flatten().tolist() == [i for i, r in enumerate(rows) if r[0] == "cand"]
+    assert layout.tree_rows.tolist() == [i for i, r in enumerate(rows) if r[0] == "node"]
+    # Row 0 predicts the input token's children, node i's row the children of node i.
+    assert layout.logit_rows[layout.tree_logits].tolist() == [0, *layout.tree_rows.tolist()]
+    assert layout.logit_rows[layout.last_level_logits].tolist() == last
 
 
 def test_reference_example_w4_n3_g2():
-    """The 12x12 picture in REFERENCE.md (W=4, N=3, G=2), typed in by hand."""
+    """The 12x12 picture in REFERENCE.md (W=4, N=3, G=2 linear branches), typed in by hand."""
     picture = """
     #...........
     ##..........
@@ -71,26 +90,81 @@ def test_reference_example_w4_n3_g2():
     #.........##
     """
     expected = torch.tensor([[c == "#" for c in line.strip()] for line in picture.strip().splitlines()])
-    layout = step_layout(4, 2, 2, 2)
+    layout = step_layout(4, 2, chains(2, 2))
     assert torch.equal(layout.visible, expected)
     assert layout.offsets.tolist() == [0, 1, 2, 3, 1, 2, 3, 4, 1, 2, 1, 2]
 
 
-def test_verify_logit_indices_point_at_predicting_rows():
-    layout = step_layout(3, 2, 2, 2)
-    rows = layout.logit_rows[layout.verify_logits]
-    # Candidate token 0 is predicted by the input row; token k by the candidate's row k-1.
-    assert rows.tolist() == [[0, *layout.candidate_rows[0].tolist()], [0, *layout.candidate_rows[1].tolist()]]
-    assert layout.logit_rows[layout.last_level_logits].tolist() == layout.last_level_rows.tolist()
+def test_docstring_tree_example():
+    """The picture in layout.py's docstring: W=3, L=2 and the tree of (a, b), (a, c), (d,)."""
+    a, b, c, d = 11, 12, 13, 14
+    tree = build_tree([Draft((a, b), ("s", "s")), Draft((a, c), ("t", "t")), Draft((d,), ("s",))])
+    assert tree.tokens == (a, b, c, d) and tree.parents == (-1, 0, 0, -1) and tree.tags[0] == ("s", "t")
+    picture = layout_module.__doc__.split("sees (# = yes)")[1].split("Linear branches")[0]
+    lines = [line.split() for line in picture.strip().splitlines()]
+    layout = step_layout(3, 2, tree.parents)
+    assert torch.equal(layout.visible, torch.tensor([[ch == "#" for ch in line[3]] for line in lines]))
+    assert layout.offsets.tolist() == [0 if line[2] == "p" else int(line[2][2:]) for line in lines]
 
 
-def test_no_candidates_verifies_from_the_input_row():
-    layout = step_layout(0, 0, 0, 4)
-    assert layout.size == 1 and layout.logit_rows.tolist() == [0] and layout.verify_logits.tolist() == [[0]]
+def trie_reference(paths):
+    """Distinct prefixes of the paths, in first-seen order: the nodes a merged tree must have."""
+    prefixes = []
+    for path in paths:
+        for k in range(1, len(path) + 1):
+            if tuple(path[:k]) not in prefixes:
+                prefixes.append(tuple(path[:k]))
+    return prefixes
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_build_tree_feeds_each_prefix_once(seed):
+    gen = torch.Generator().manual_seed(seed)
+    paths = [tuple(torch.randint(0, 3, (int(torch.randint(1, 5, (1,), generator=gen)),), generator=gen).tolist())
+             for _ in range(8)]
+    drafts = [Draft(p, (f"src{j % 2}",) * len(p)) for j, p in enumerate(paths)]
+    tree = build_tree(drafts)
+    prefixes = [tuple(tree.tokens[n] for n in tree.path_to(i)) for i in range(len(tree))]
+    assert prefixes == trie_reference(paths)                               # each prefix exactly once
+    assert all(p < i for i, p in enumerate(tree.parents)) and tree.depths == tuple(map(len, prefixes))
+    for i, prefix in enumerate(prefixes):                                   # tags: every proposer, in order
+        proposers = [f"src{j % 2}" for j, p in enumerate(paths) if tuple(p[:len(prefix)]) == prefix]
+        assert tree.tags[i] == tuple(dict.fromkeys(proposers))
+    linear = build_tree(drafts, merge=False)
+    assert linear.tokens == tuple(t for p in paths for t in p)
+    assert linear.parents == tuple(-1 if k == 0 else sum(map(len, paths[:j])) + k - 1
+                                   for j, p in enumerate(paths) for k in range(len(p)))
+
+
+def test_chains_are_unmerged_drafts():
+    drafts = [Draft((1, 2, 3), ("a",) * 3), Draft((1, 2, 4), ("a",) * 3)]
+    assert build_tree(drafts, merge=False).parents == chains(2, 3)
+    assert build_tree(drafts).parents == (-1, 0, 1, 1)
+
+
+def test_prune_tree_keeps_the_best_nodes_and_their_ancestors():
+    tree = build_tree([Draft((1, 2, 3), ("a",) * 3), Draft((1, 5), ("b",) * 2), Draft((7,), ("c",))])
+    # nodes: 0:1  1:2  2:3  3:5  4:7
+    scores = [0.9, 0.5, 0.4, 0.6, 0.3]
+    kept = prune_tree(tree, scores, 3)
+    assert kept.tokens == (1, 2, 5) and kept.parents == (-1, 0, 0)
+    assert prune_tree(tree, scores, 10) is tree and len(prune_tree(tree, scores, 0)) == 0
+    with pytest.raises(ValueError, match="must not increase"):
+        prune_tree(tree, [0.1, 0.9, 0.9, 0.9, 0.0], 2)
+
+
+def test_no_drafts_verifies_from_the_input_row():
+    layout = step_layout(0, 0, ())
+    assert layout.size == 1 and layout.logit_rows.tolist() == [0] and layout.tree_logits.tolist() == [0]
+
+
+def test_a_parent_must_come_before_its_child():
+    with pytest.raises(ValueError, match="before it"):
+        step_layout(0, 0, (1, -1))
 
 
 def test_attention_mask_cache_columns_and_sliding_window():
-    layout = step_layout(3, 2, 1, 2)
+    layout = step_layout(3, 2, chains(1, 2))
     past, position = 10, 10
     full = attention_mask(layout.offsets, layout.visible, past, position, sliding_window=None, dtype=torch.float32)
     assert full.shape == (1, 1, layout.size, past + layout.size)
@@ -114,15 +188,16 @@ def test_causal_layout_is_lower_triangular():
     assert visible.tolist() == [[j <= i for j in range(4)] for i in range(4)]
 
 
-@pytest.mark.parametrize("window,levels,candidates,cand_len,causal", [
-    (0, 0, 0, 0, True),     # greedy: the input token alone
-    (0, 0, 1, 2, True),     # pool-only, one candidate: a chain
-    (0, 0, 2, 2, False),    # two candidates branch
-    (4, 2, 0, 0, False),    # a window branches
-    (4, 2, 1, 2, False),
+@pytest.mark.parametrize("window,levels,parents,causal", [
+    (0, 0, (), True),              # greedy: the input token alone
+    (0, 0, chains(1, 2), True),    # pool-only, one candidate: a chain
+    (0, 0, chains(2, 2), False),   # two candidates branch
+    (0, 0, (-1, 0, 0), False),     # a tree branches
+    (4, 2, (), False),             # a window branches
+    (4, 2, chains(1, 2), False),
 ])
-def test_causal_flag_marks_plain_chains_only(window, levels, candidates, cand_len, causal):
-    layout = step_layout(window, levels, candidates, cand_len)
+def test_causal_flag_marks_plain_chains_only(window, levels, parents, causal):
+    layout = step_layout(window, levels, parents)
     assert layout.causal is causal
     if causal:
         offsets, visible = causal_layout(layout.size)

@@ -47,6 +47,36 @@ def test_grid_equals_greedy(arch_model):
     assert max(compressions) > 1.0, "no configuration ever accepted a candidate: the test is too weak"
 
 
+# Token trees: merged prefixes, every draft source, budgets from tiny to none, deep drafts.
+TREE_GRID = [
+    LookaheadConfig(3, 3, 4, prompt_pool=True, tree=True),
+    LookaheadConfig(6, 5, 12, prompt_pool=True, tree=True, suffix=3, recycle=3),
+    LookaheadConfig(4, 4, 6, tree=True, recycle=4, budget=20),
+    LookaheadConfig(3, 3, 4, prompt_pool=True, suffix=2, recycle=2),               # sources, linear branches
+    LookaheadConfig(ngram=3, guess=4, pool_only=True, tree=True, suffix=4),
+    LookaheadConfig(ngram=4, guess=0, pool_only=True, tree=True, suffix=3, depth=7),
+    LookaheadConfig(ngram=4, guess=0, pool_only=True, tree=True, recycle=4, depth=5),
+    LookaheadConfig(ngram=5, guess=8, pool_only=True, tree=True, suffix=4, recycle=4, budget=2),
+    LookaheadConfig(ngram=5, guess=8, pool_only=True, tree=True, suffix=4, recycle=4, budget=9),
+    LookaheadConfig(ngram=2, guess=3, pool_only=True, tree=True, suffix=1, recycle=1, depth=1),
+]
+
+
+def test_tree_grid_equals_greedy(arch_model):
+    arch, model = arch_model
+    prompt = repetitive_prompt(model.config.vocab_size)
+    reference = greedy(model, prompt)
+    accepted_deep = False
+    for config in TREE_GRID:
+        out = decode(model, prompt, config, DecodeLimits(max_new_tokens=NEW))
+        assert out.tokens == reference, f"{arch} {config}"
+        assert sum(out.stats.accepted) == NEW - 1
+        if config.budget:
+            assert max(out.stats.step_tokens) <= config.budget
+        accepted_deep |= max(out.stats.accepted) > 2
+    assert accepted_deep, "no tree ever accepted two draft tokens in a step: the test is too weak"
+
+
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
 def test_eager_attention_equals_greedy(arch):
     model = tiny_random_model(arch, seed=2, attn_implementation="eager")
@@ -55,6 +85,8 @@ def test_eager_attention_equals_greedy(arch):
     for w, n, g in [(4, 3, 4), (2, 5, 8), (1, 2, 1)]:
         assert decode(model, prompt, LookaheadConfig(w, n, g, prompt_pool=True),
                       DecodeLimits(max_new_tokens=NEW)).tokens == reference
+    for config in TREE_GRID[1:3]:
+        assert decode(model, prompt, config, DecodeLimits(max_new_tokens=NEW)).tokens == reference, config
 
 
 @pytest.mark.parametrize("arch", ["mistral", "gemma3", "qwen2"])
@@ -67,6 +99,8 @@ def test_contexts_longer_than_the_sliding_window(arch):
     for w, n, g in [(5, 4, 5), (3, 2, 3), (7, 5, 2)]:
         assert decode(model, prompt, LookaheadConfig(w, n, g, prompt_pool=True),
                       DecodeLimits(max_new_tokens=NEW)).tokens == reference
+    for config in TREE_GRID[1:3] + TREE_GRID[5:7]:
+        assert decode(model, prompt, config, DecodeLimits(max_new_tokens=NEW)).tokens == reference, config
 
 
 def test_greedy_baseline_equals_transformers_generate(arch_model):
@@ -112,6 +146,34 @@ def test_all_accept_reaches_n_tokens_per_step(llama):
         assert out.stats.compression > n - 1
 
 
+@pytest.mark.parametrize("budget", [0, 12])
+def test_all_accept_tree_reaches_n_tokens_per_step(llama, budget):
+    """A pool with every n-gram of the greedy text, plus wrong recycled siblings, merged in one tree."""
+    prompt = repetitive_prompt(llama.config.vocab_size, seed=8)
+    reference = greedy(llama, prompt)
+    n = 5
+    config = LookaheadConfig(ngram=n, guess=64, pool_only=True, tree=True, recycle=3, budget=budget)
+    out = decode(llama, prompt, config, DecodeLimits(max_new_tokens=NEW),
+                 state=DecodeState.with_pool(true_pool(prompt, reference, n)))
+    assert out.tokens == reference
+    if budget:          # the budget may cut the true path: only the cap and some acceptance are certain
+        assert max(out.stats.step_tokens) <= budget and out.stats.compression > 1.5
+    else:
+        full_steps = (NEW - 1) // n
+        assert out.stats.accepted[:full_steps] == [n] * full_steps
+
+
+def test_suffix_source_accepts_whole_drafts_on_a_loop(llama):
+    """This prompt's greedy text falls into a 2-token loop; suffix drafts copy it depth + 1 per step."""
+    prompt = repetitive_prompt(llama.config.vocab_size, seed=2)
+    reference = greedy(llama, prompt, DecodeLimits(max_new_tokens=64))
+    for tree in (True, False):
+        config = LookaheadConfig(ngram=2, guess=0, pool_only=True, tree=tree, suffix=2, depth=7)
+        out = decode(llama, prompt, config, DecodeLimits(max_new_tokens=64))
+        assert out.tokens == reference and out.stats.accepted[-3:-1] == [8, 8]
+        assert out.stats.drafts.table()[0]["source"] == "suffix"
+
+
 def test_none_accept_has_compression_one(llama):
     prompt = repetitive_prompt(llama.config.vocab_size, seed=9)
     reference = greedy(llama, prompt)
@@ -122,7 +184,7 @@ def test_none_accept_has_compression_one(llama):
     class PinnedPool(NGramPool):
         """Holds only the n-grams given up front: nothing the decoder harvests gets in."""
 
-        def add(self, gram):
+        def add(self, gram, origin="pool"):
             pass
 
     gen = torch.Generator().manual_seed(0)
@@ -132,10 +194,12 @@ def test_none_accept_has_compression_one(llama):
         for _ in range(5):
             first = wrong[int(torch.randint(len(wrong), (1,), generator=gen))]
             NGramPool.add(pool, [key, first, *torch.randint(vocab, (2,), generator=gen).tolist()])
-    out = decode(llama, prompt, LookaheadConfig(ngram=4, guess=5, pool_only=True), DecodeLimits(max_new_tokens=NEW),
-                 state=DecodeState.with_pool(pool))
-    assert out.tokens == reference
-    assert out.stats.compression == 1.0 and max(out.stats.step_tokens) > 1     # candidates were fed, none taken
+    for tree in (False, True):
+        out = decode(llama, prompt, LookaheadConfig(ngram=4, guess=5, pool_only=True, tree=tree),
+                     DecodeLimits(max_new_tokens=NEW), state=DecodeState.with_pool(pool))
+        assert out.tokens == reference
+        assert out.stats.compression == 1.0 and max(out.stats.step_tokens) > 1   # candidates were fed, none taken
+        assert sum(out.stats.drafts.accepted.values()) == 0 and sum(out.stats.drafts.tried.values()) > 0
 
 
 def test_eos_and_max_tokens_inside_an_accepted_run(llama):
@@ -150,6 +214,14 @@ def test_eos_and_max_tokens_inside_an_accepted_run(llama):
     assert stop.tokens == greedy(llama, prompt, DecodeLimits(max_new_tokens=NEW, eos_token_ids=(eos,)))
     for limit in (1, 2, 7, 23):
         cut = decode(llama, prompt, config, DecodeLimits(max_new_tokens=limit),
+                     state=DecodeState.with_pool(true_pool(prompt, reference, 5)))
+        assert cut.tokens == reference[:limit]
+    tree = LookaheadConfig(ngram=5, guess=64, pool_only=True, tree=True, recycle=2, budget=10)
+    stop = decode(llama, prompt, tree, DecodeLimits(max_new_tokens=NEW, eos_token_ids=(eos,)),
+                  state=DecodeState.with_pool(true_pool(prompt, reference, 5)))
+    assert stop.tokens == reference[: eos_at + 1] and max(stop.stats.accepted) == 5
+    for limit in (1, 2, 7, 23):
+        cut = decode(llama, prompt, tree, DecodeLimits(max_new_tokens=limit),
                      state=DecodeState.with_pool(true_pool(prompt, reference, 5)))
         assert cut.tokens == reference[:limit]
 
@@ -177,8 +249,10 @@ def test_prompt_shorter_than_the_window(llama):
         assert decode(llama, prompt, LookaheadConfig(7, 4, 7), DecodeLimits(max_new_tokens=NEW)).tokens == greedy(llama, prompt)
 
 
-def test_second_turn_reuses_the_cache_and_equals_a_fresh_decode(llama):
-    config = LookaheadConfig(4, 3, 4, prompt_pool=True)
+@pytest.mark.parametrize("config", [LookaheadConfig(4, 3, 4, prompt_pool=True),
+                                    LookaheadConfig(4, 3, 4, prompt_pool=True, tree=True, suffix=2, recycle=2, budget=24)],
+                         ids=["linear", "tree"])
+def test_second_turn_reuses_the_cache_and_equals_a_fresh_decode(llama, config):
     limits = DecodeLimits(max_new_tokens=24)
     turn1 = repetitive_prompt(llama.config.vocab_size, seed=12)
     first = decode(llama, turn1, config, limits)
@@ -230,5 +304,5 @@ def test_model_built_causal_mask_equals_the_explicit_one(arch, attn):
         outs.append((first, step))
     torch.testing.assert_close(outs[0][0], outs[1][0], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(outs[0][1], outs[1][1], rtol=1e-5, atol=1e-5)
-    with pytest.raises(ValueError, match="causal chain"):
+    with pytest.raises(ValueError, match="right after the cache"):
         lm.forward(lm.new_cache(), [1, 2], torch.arange(2), None, 3, torch.arange(2))

@@ -33,7 +33,7 @@ def test_add_from_sequence_inserts_each_ngram_once():
     assert pool.candidates(1) == [(2, 3)] and pool.candidates(2) == [(3, 1)] and pool.candidates(3) == [(1, 2)]
     # Commit [4, 1]: new n-grams are those containing index >= 5: (1,2,4) and (2,4,1).
     seen = []
-    pool.add = lambda gram: seen.append(tuple(gram))        # record the insert path
+    pool.add = lambda gram, origin="pool": seen.append(tuple(gram))        # record the insert path
     pool.add_from_sequence([1, 2, 3, 1, 2, 4, 1], new_from=5)
     assert seen == [(1, 2, 4), (2, 4, 1)]
 
@@ -61,3 +61,13 @@ def test_window_initialisation_is_seeded():
     prompt = list(range(100))
     assert JacobiWindow(8, 3, prompt, seed=3).levels == JacobiWindow(8, 3, prompt, seed=3).levels
     assert JacobiWindow(8, 3, prompt, seed=3).levels != JacobiWindow(8, 3, prompt, seed=4).levels
+
+
+def test_origin_tags_follow_the_last_insert():
+    pool = NGramPool(ngram=3, capacity=3)
+    pool.add((5, 1, 2), "jacobi")
+    pool.add((5, 3, 4))
+    pool.add((5, 1, 2), "pool")                             # refreshed by the text: now tagged pool
+    assert pool.tagged(5) == [((3, 4), "pool"), ((1, 2), "pool")]
+    pool.add((5, 7, 8), "jacobi")
+    assert pool.tagged(5)[-1] == ((7, 8), "jacobi") and pool.candidates(5) == [(3, 4), (1, 2), (7, 8)]

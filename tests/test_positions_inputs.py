@@ -10,6 +10,7 @@ from transformers import GPT2Config, LlamaConfig, MptConfig, PretrainedConfig
 
 from lookahead_core import DecodeLimits, LookaheadConfig, decode
 from lookahead_core.models import tiny_random_model
+from lookahead_core.layout import Draft, build_tree, cut_tree
 from lookahead_core.positions import StepFit, fit_step, position_limit
 from tiny_families import tiny_family_model
 
@@ -24,14 +25,22 @@ def test_position_limit_is_read_from_any_config():
 
 
 def test_fit_step_keeps_rows_below_the_limit():
-    # W=3 with 2 levels: rows up to p + 1 + 2; candidates of 3 tokens: up to p + 3.
-    assert fit_step(None, 10**6, 3, 2, 3) == StepFit(True, 3)
-    assert fit_step(20, 16, 3, 2, 3) == StepFit(True, 3)         # last row 19
-    assert fit_step(20, 17, 3, 2, 3) == StepFit(False, 2)        # window would reach 20
-    assert fit_step(20, 19, 3, 2, 3) == StepFit(False, 0)        # only the input token fits
-    assert fit_step(20, 5, 0, 0, 3) == StepFit(False, 3)         # pool-only: no window to fit
-    assert StepFit(False, 1).candidates([(1, 2), (1, 3), (4, 5)]) == [(1,), (4,)]
-    assert StepFit(False, 0).candidates([(1, 2)]) == []
+    # W=3 with 2 levels: rows up to p + 1 + 2; a tree node of depth d sits at p + d.
+    assert fit_step(None, 10**6, 3, 2) == StepFit(True, None)
+    assert fit_step(20, 16, 3, 2) == StepFit(True, 3)            # last window row 19
+    assert fit_step(20, 17, 3, 2) == StepFit(False, 2)           # window would reach 20
+    assert fit_step(20, 19, 3, 2) == StepFit(False, 0)           # only the input token fits
+    assert fit_step(20, 5, 0, 0) == StepFit(False, 14)           # pool-only: no window to fit
+
+
+def test_cut_tree_drops_the_nodes_past_a_depth():
+    tree = build_tree([Draft((1, 2, 3), ("a",) * 3), Draft((1, 4), ("b",) * 2), Draft((5,), ("c",))])
+    assert cut_tree(tree, None) is tree and cut_tree(tree, 3) is tree
+    one = cut_tree(tree, 1)
+    assert one.tokens == (1, 5) and one.parents == (-1, -1)
+    two = cut_tree(tree, 2)
+    assert two.tokens == (1, 2, 4, 5) and two.parents == (-1, 0, 0, -1)
+    assert len(cut_tree(tree, 0)) == 0
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +50,8 @@ def gpt2():
 
 @pytest.mark.parametrize("config", [
     LookaheadConfig(5, 4, 5, prompt_pool=True), LookaheadConfig(3, 5, 3), LookaheadConfig(ngram=4, guess=4, pool_only=True),
+    LookaheadConfig(4, 4, 4, prompt_pool=True, tree=True, suffix=2, recycle=2, depth=6),
+    LookaheadConfig(ngram=4, guess=2, pool_only=True, tree=True, suffix=3, recycle=3, depth=8, budget=12),
 ])
 def test_gpt2_at_its_position_limit_equals_generate(gpt2, config):
     prompt = [5, 17, 3, 99, 42, 8, 61, 5, 17, 3]

@@ -45,7 +45,7 @@ def test_alibi_families_are_refused_with_the_reason(family, reason):
     with pytest.raises(UnsupportedModelError, match=f"this {model_type} model") as refused:
         decode(model, PROMPT, LookaheadConfig(5, 4, 5), LIMITS)
     message = str(refused.value)
-    assert reason in message and "greedy" in message and "pool_only=True with guess=1" in message
+    assert reason in message and "greedy" in message and "pool_only=True with a single draft per step" in message
     assert refused.value.model_type == model_type and isinstance(refused.value, ValueError)
     # MPT takes the mask but not the positions; the crashing ones fail on the mask.
     mask_reason = any("mask" in r for r in refused.value.reasons)
@@ -68,6 +68,12 @@ def test_which_configs_branch():
     assert branching(LookaheadConfig(5, 4, 5)) and branching(LookaheadConfig(ngram=3, guess=2, pool_only=True))
     assert branching(LookaheadConfig(window=2, ngram=2, guess=1))         # window row and a candidate
     assert not branching(LookaheadConfig(window=1, ngram=2, guess=1))     # N=2: the window has no rows
+    # Draft sources of token trees: one draft per step is a chain, more may branch.
+    assert not branching(LookaheadConfig(guess=0, suffix=1, pool_only=True, tree=True))
+    assert not branching(LookaheadConfig(guess=0, recycle=1, pool_only=True, tree=True))
+    assert branching(LookaheadConfig(guess=0, suffix=2, pool_only=True, tree=True))
+    assert branching(LookaheadConfig(guess=0, recycle=2, pool_only=True, tree=True))
+    assert branching(LookaheadConfig(guess=1, suffix=1, pool_only=True, tree=True))
 
 
 def test_the_probe_runs_once_per_model(monkeypatch):

@@ -71,3 +71,39 @@ def test_prompt_pool_and_pool_only_on_code(smollm2):
     reference = decode(model, prompt, None, limits).tokens
     for config in (LookaheadConfig(4, 3, 4, prompt_pool=True), LookaheadConfig(ngram=4, guess=8, pool_only=True)):
         assert decode(model, prompt, config, limits).tokens == reference
+
+
+# Token trees on real weights: 20 MT-Bench first turns and 20 HumanEval problems, identical to
+# transformers' generate(do_sample=False). Short answers keep CI time modest.
+TREE_CONFIGS = [
+    LookaheadConfig(ngram=4, guess=4, pool_only=True, tree=True, suffix=4, recycle=4, depth=6, budget=8),
+    LookaheadConfig(window=4, ngram=4, guess=4, prompt_pool=True, tree=True, suffix=2, recycle=2, budget=24),
+]
+TREE_TOKENS = 32
+
+
+@pytest.mark.parametrize("dataset_name", ["mtbench", "humaneval"])
+def test_token_trees_equal_generate(smollm2, dataset_name):
+    import os
+
+    from experiments.benchmark import Session
+    from experiments.datasets import get_dataset
+
+    model, tokenizer = smollm2
+    session = Session(model, tokenizer, "smollm2_135m", (tokenizer.eos_token_id,), tokenizer.eos_token_id)
+    dataset = get_dataset(dataset_name)
+    items = dataset.load(os.environ.get("LOOKAHEAD_DATA_ROOT", str(DATA)), 20, 0, source="local")
+    assert len(items) == 20
+    limits = DecodeLimits(max_new_tokens=TREE_TOKENS, eos_token_ids=(tokenizer.eos_token_id,))
+    accepted_deep = 0
+    for item in items:
+        ids = session.prompt_ids(dataset, item)
+        x = torch.tensor([ids])
+        expected = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=TREE_TOKENS,
+                                  eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.eos_token_id)
+        expected = expected[0, len(ids):].tolist()
+        for config in TREE_CONFIGS:
+            out = decode(model, ids, config, limits)
+            assert out.tokens == expected, f"{dataset_name} {item.item_id} {config}"
+            accepted_deep += max(out.stats.accepted, default=0) >= 3
+    assert accepted_deep > 5, "trees hardly ever accepted two draft tokens: the check is too weak"

@@ -9,11 +9,14 @@ from scipy.stats import chi2
 import lookahead_core.decoder as decoder_module
 from lookahead_core import DecodeLimits, LookaheadConfig, SamplingConfig, decode
 from lookahead_core.models import tiny_random_model
-from lookahead_core.verify import Verdict, make_warper, sampling_probs
+from lookahead_core.verify import make_warper, sampling_pick, sampling_probs, walk_tree
 
 VOCAB, DEPTH, DRAWS = 5, 3, 2000
 PROMPT = [0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 2, 3]          # every token, repeated: the prompt pool has candidates
 LOOKAHEAD = LookaheadConfig(window=3, ngram=3, guess=8, prompt_pool=True)
+# Token trees from every source: merged prefixes, suffix matches, recycled successors, a budget.
+TREE = LookaheadConfig(window=3, ngram=3, guess=8, prompt_pool=True, tree=True, suffix=3, recycle=3, depth=3)
+TREE_BUDGET = LookaheadConfig(window=1, ngram=3, guess=4, pool_only=True, tree=True, suffix=2, recycle=3, budget=6)
 
 
 @pytest.fixture(scope="module")
@@ -22,13 +25,14 @@ def model():
     return tiny_random_model("llama", seed=0, vocab_size=VOCAB, initializer_range=0.05)
 
 
-def exact_distribution(model, sampling):
-    """P(first DEPTH tokens) by enumeration: the product of the warped next-token distributions."""
+def exact_distribution(model, sampling, prompt=PROMPT):
+    """P(first DEPTH tokens) after ``prompt`` by enumeration: the product of the warped next-token
+    distributions."""
     warper = make_warper(sampling)
     probs = {}
     with torch.inference_mode():
         for seq in itertools.product(range(VOCAB), repeat=DEPTH - 1):
-            logits = model(torch.tensor([PROMPT + list(seq)])).logits[0, len(PROMPT) - 1:]     # (DEPTH, V)
+            logits = model(torch.tensor([prompt + list(seq)])).logits[0, len(prompt) - 1:]     # (DEPTH, V)
             steps = sampling_probs(logits, warper)
             prefix = steps[0, seq[0]] * (steps[1, seq[1]] if DEPTH > 2 else 1)
             for last in range(VOCAB):
@@ -78,26 +82,39 @@ def test_lookahead_sampling_matches_the_model_distribution(model, sampling):
     assert chi_square_pvalue(draw(model, None, sampling, n=600)[0], probs, 600) > 1e-3
 
 
-def test_the_test_has_teeth_a_verifier_that_always_accepts_fails(model, monkeypatch):
-    """Accepting the first candidate whole, whatever p says, biases the output; the test must see it."""
-    sampling = SETTINGS[0]
-    real = decoder_module.make_verifier
-
-    def always_accept(sampling_cfg, generator=None):
-        fallback = real(sampling_cfg, generator)
-
-        def verify(candidates, logits):
-            if candidates.shape[1] == 0:
-                return fallback(candidates, logits)
-            length = candidates.shape[1]
-            bonus = fallback(candidates[:1, :0], logits[:1, length:])     # sample only the bonus token
-            return Verdict(candidates[0].tolist() + bonus.tokens, 0, length)
-
-        return verify
-
-    monkeypatch.setattr(decoder_module, "make_verifier", always_accept)
+@pytest.mark.parametrize("lookahead", [TREE, TREE_BUDGET], ids=["tree", "tree-budget"])
+@pytest.mark.parametrize("sampling", SETTINGS, ids=["t1", "t0.7-k4-p0.9"])
+def test_tree_sampling_matches_the_model_distribution(model, sampling, lookahead):
+    """Recursive rejection over each node's children keeps the distribution, on merged trees."""
     probs = exact_distribution(model, sampling)
-    counts, _ = draw(model, LOOKAHEAD, sampling)
+    counts, multi = draw(model, lookahead, sampling)
+    assert multi > DRAWS // 10, "drafts were rarely accepted: the verifier was hardly exercised"
+    assert chi_square_pvalue(counts, probs, DRAWS) > 1e-3
+
+
+def always_accept_verifier(sampling_cfg, generator=None):
+    """Accepts the first child at every node, whatever p says; samples only the bonus token."""
+    generator = generator if generator is not None else torch.Generator().manual_seed(sampling_cfg.seed)
+    warper = make_warper(sampling_cfg)
+
+    def verify(tree, logits):
+        honest = sampling_pick(logits, warper, generator)
+
+        def pick(row, options):
+            return (options[0], True) if options else honest(row, options)
+
+        return walk_tree(tree, pick)
+
+    return verify
+
+
+@pytest.mark.parametrize("lookahead", [LOOKAHEAD, TREE], ids=["linear", "tree"])
+def test_the_test_has_teeth_a_verifier_that_always_accepts_fails(model, monkeypatch, lookahead):
+    """Accepting the first draft whole, whatever p says, biases the output; the test must see it."""
+    sampling = SETTINGS[0]
+    monkeypatch.setattr(decoder_module, "make_verifier", always_accept_verifier)
+    probs = exact_distribution(model, sampling)
+    counts, _ = draw(model, lookahead, sampling)
     assert chi_square_pvalue(counts, probs, DRAWS) < 1e-6
 
 

@@ -1,0 +1,254 @@
+"""Where a step's candidates come from: one small interface, one class per source, one tree.
+
+In the spirit of transformers' candidate generators, a source has two methods:
+
+* ``propose(context) -> list[Draft]``: candidate continuations of the last committed token, each
+  token tagged with the source (and variant) that proposed it;
+* ``update(outcome)``: learn from the step just verified (the committed text, the logits' top-k
+  successors, the lookahead window's new tokens).
+
+Sources:
+
+* :class:`NGramSource`: the paper's n-gram pool keyed on one token, fed by the Jacobi lookahead
+  window (tag ``jacobi``) and, with ``prompt_pool``, by every n-gram of prompt and output (``pool``);
+  it owns the window, whose rows the step feeds beside the tree.
+* :class:`SuffixSource`: continuations of the longest suffix of the context seen before in prompt +
+  output (prompt lookup, SuffixDecoding), several matches becoming branches (``suffix:<m>``, m = the
+  matched length).
+* :class:`RecycleSource`: Token Recycling's adjacency: per token, the top-k successors from the last
+  logits computed at that token (every row the step already computes, window rows included); a
+  tree grown from it by a fixed template (``recycle:<rank>``).
+
+:class:`Proposer` combines any subset: it merges every draft into one tree (``layout.build_tree``),
+scores each node by the estimated probability that the walk reaches it (the product of per-(tag,
+depth) acceptance rates, measured online as steps verify), keeps the best nodes within the step's
+token budget (``layout.prune_tree``) and records fed / tried / accepted counts per tag and depth.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from .config import LookaheadConfig
+from .layout import Draft, DraftTree, build_tree, prune_tree
+from .pool import NGramPool
+from .window import JacobiWindow
+
+SUFFIX_CONTEXT = 4          # the longest context suffix SuffixSource matches
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What a verified step tells the sources."""
+
+    context: Sequence[int]                 # every committed token (the last one has no KV yet)
+    new_from: int                          # index in ``context`` of the first token committed this step
+    input_token: int
+    window_next: list[int] | None = None   # argmax of the window's last-level rows
+    row_tokens: list[int] = field(default_factory=list)   # the token fed at each row with logits
+    row_topk: torch.Tensor | None = None   # (rows, k) top-k successors of those rows' logits
+
+
+class DraftSource(Protocol):
+    topk: int                              # successors per computed row ``update`` wants (0: none)
+
+    def propose(self, context: Sequence[int]) -> list[Draft]: ...
+
+    def update(self, outcome: StepOutcome) -> None: ...
+
+
+class NGramSource:
+    """The n-gram pool (one-token keys, up to G continuations each) and the Jacobi window feeding it."""
+
+    topk = 0
+
+    def __init__(self, pool: NGramPool, window: JacobiWindow | None, text: bool, context: Sequence[int]) -> None:
+        self.pool, self.window, self.text = pool, window, text
+        if text:
+            pool.add_from_sequence(context)
+
+    def propose(self, context: Sequence[int]) -> list[Draft]:
+        return [Draft(c, (origin,) * len(c)) for c, origin in self.pool.tagged(context[-1])]
+
+    def update(self, outcome: StepOutcome) -> None:
+        if self.window is not None and outcome.window_next is not None:
+            self.pool.add_all(self.window.update(outcome.input_token, outcome.window_next), "jacobi")
+        if self.text:
+            self.pool.add_from_sequence(outcome.context, new_from=outcome.new_from)
+
+
+class SuffixSource:
+    """Continuations of the longest context suffix (up to ``SUFFIX_CONTEXT`` tokens) seen before.
+
+    An index maps every m-gram (m = 1..``SUFFIX_CONTEXT``) of the context to the positions where it
+    ends, updated as tokens are committed. ``propose`` looks up the last m tokens for m from long to
+    short, most recent occurrence first, and returns up to ``matches`` distinct continuations of
+    ``depth`` tokens. A continuation that runs into the end of the text goes on copying itself (as
+    an LZ77 overlapping copy does), so a text that repeats with period p gets full-depth drafts.
+    """
+
+    topk = 0
+
+    def __init__(self, matches: int, depth: int, context: Sequence[int]) -> None:
+        self.matches, self.depth = matches, depth
+        self._ends: dict[tuple[int, ...], list[int]] = {}
+        self._indexed = 0
+        self._index(context)
+
+    def _index(self, context: Sequence[int]) -> None:
+        for end in range(self._indexed, len(context)):
+            for m in range(1, min(SUFFIX_CONTEXT, end + 1) + 1):
+                self._ends.setdefault(tuple(context[end - m + 1:end + 1]), []).append(end)
+        self._indexed = len(context)
+
+    def propose(self, context: Sequence[int]) -> list[Draft]:
+        self._index(context)
+        last = len(context) - 1
+        drafts: list[Draft] = []
+        seen: set[tuple[int, ...]] = set()
+        for m in range(min(SUFFIX_CONTEXT, len(context)), 0, -1):
+            for end in reversed(self._ends.get(tuple(context[last - m + 1:]), ())):
+                if end == last:
+                    continue
+                continuation = _copy(context, end + 1, self.depth)
+                if continuation in seen:
+                    continue
+                seen.add(continuation)
+                drafts.append(Draft(continuation, (f"suffix:{m}",) * len(continuation)))
+                if len(drafts) == self.matches:
+                    return drafts
+        return drafts
+
+    def update(self, outcome: StepOutcome) -> None:
+        self._index(outcome.context)
+
+
+def _copy(context: Sequence[int], start: int, length: int) -> tuple[int, ...]:
+    """``length`` tokens from ``context[start]`` on, continuing into the copy itself past the end."""
+    out: list[int] = []
+    for k in range(length):
+        i = start + k
+        out.append(context[i] if i < len(context) else out[i - len(context)])
+    return tuple(out)
+
+
+class RecycleSource:
+    """Token Recycling: per token, the top-``k`` successors from the last logits computed at it.
+
+    The table (a dict, only tokens seen so far) is refreshed from every row whose logits the step
+    computed anyway. ``propose`` grows a tree from the last token: its ``k`` successors, each of
+    those with its top ``k // 2``, then ``k // 4``, ... (at least 1), ``depth`` levels deep.
+    """
+
+    def __init__(self, k: int, depth: int) -> None:
+        self.topk, self.depth = k, depth
+        self.successors: dict[int, list[int]] = {}
+
+    def propose(self, context: Sequence[int]) -> list[Draft]:
+        drafts: list[Draft] = []
+
+        def grow(token: int, tokens: tuple[int, ...], tags: tuple[str, ...], width: int) -> None:
+            nexts = self.successors.get(token, [])[:width] if len(tokens) < self.depth else []
+            if not nexts and tokens:
+                drafts.append(Draft(tokens, tags))
+            for rank, nxt in enumerate(nexts):
+                grow(nxt, tokens + (nxt,), tags + (f"recycle:{rank}",), max(1, width // 2))
+
+        grow(int(context[-1]), (), (), self.topk)
+        return drafts
+
+    def update(self, outcome: StepOutcome) -> None:
+        if outcome.row_topk is not None:
+            for token, successors in zip(outcome.row_tokens, outcome.row_topk.tolist()):
+                self.successors[token] = successors
+
+
+def base_source(tag: str) -> str:
+    """``suffix:3`` -> ``suffix``."""
+    return tag.split(":", 1)[0]
+
+
+@dataclass
+class DraftStats:
+    """Per (tag, depth): nodes fed, nodes tried (their parent was accepted, so the walk looked at
+    them) and nodes accepted. ``rate`` = accepted / tried with a uniform prior."""
+
+    fed: Counter = field(default_factory=Counter)
+    tried: Counter = field(default_factory=Counter)
+    accepted: Counter = field(default_factory=Counter)
+
+    def rate(self, tag: str, depth: int) -> float:
+        return (self.accepted[tag, depth] + 1) / (self.tried[tag, depth] + 2)
+
+    def record(self, tree: DraftTree, path: Sequence[int]) -> None:
+        on_path = set(path)
+        reached = on_path | {-1}
+        for node, (tags, parent, depth) in enumerate(zip(tree.tags, tree.parents, tree.depths)):
+            for tag in tags:
+                self.fed[tag, depth] += 1
+                if parent in reached:
+                    self.tried[tag, depth] += 1
+                    self.accepted[tag, depth] += node in on_path
+
+    def merge(self, other: DraftStats) -> None:
+        self.fed.update(other.fed), self.tried.update(other.tried), self.accepted.update(other.accepted)
+
+    def table(self, by_source: bool = True) -> list[dict]:
+        """Rows (source, depth, fed, tried, accepted, acceptance = accepted / tried)."""
+        rows: dict[tuple[str, int], Counter] = {}
+        for counter, name in ((self.fed, "fed"), (self.tried, "tried"), (self.accepted, "accepted")):
+            for (tag, depth), n in counter.items():
+                key = (base_source(tag) if by_source else tag, depth)
+                rows.setdefault(key, Counter())[name] += n
+        return [{"source": s, "depth": d, "fed": c["fed"], "tried": c["tried"], "accepted": c["accepted"],
+                 "acceptance": c["accepted"] / c["tried"] if c["tried"] else None}
+                for (s, d), c in sorted(rows.items())]
+
+
+class Proposer:
+    """Any subset of sources, merged into one tree and cut to the step's token budget."""
+
+    def __init__(self, sources: Sequence[DraftSource], *, merge: bool, budget: int = 0,
+                 window: JacobiWindow | None = None, stats: DraftStats | None = None) -> None:
+        self.sources = list(sources)
+        self.merge, self.budget, self.window = merge, budget, window
+        self.stats = stats if stats is not None else DraftStats()
+        self.topk = max((s.topk for s in self.sources), default=0)
+
+    @classmethod
+    def from_config(cls, config: LookaheadConfig, context: Sequence[int], pool: NGramPool,
+                    prompt: Sequence[int]) -> Proposer:
+        window = JacobiWindow(config.window, config.ngram, prompt, config.seed) if config.uses_window else None
+        sources: list[DraftSource] = []
+        if config.suffix:
+            sources.append(SuffixSource(config.suffix, config.draft_depth, context))
+        if config.guess or window is not None:
+            sources.append(NGramSource(pool, window, config.prompt_pool, context))
+        if config.recycle:
+            sources.append(RecycleSource(config.recycle, config.draft_depth))
+        return cls(sources, merge=config.tree, budget=config.budget, window=window)
+
+    def propose(self, context: Sequence[int], window_rows: int) -> DraftTree:
+        tree = build_tree([d for s in self.sources for d in s.propose(context)], self.merge)
+        if self.budget and len(tree) > self.budget - window_rows:
+            tree = prune_tree(tree, self.scores(tree), self.budget - window_rows)
+        return tree
+
+    def scores(self, tree: DraftTree) -> list[float]:
+        """Estimated probability that the walk accepts each node: its parent's times the best
+        acceptance rate among the node's tags at its depth."""
+        scores: list[float] = []
+        for tags, parent, depth in zip(tree.tags, tree.parents, tree.depths):
+            rate = max(self.stats.rate(tag, depth) for tag in tags)
+            scores.append((scores[parent] if parent >= 0 else 1.0) * rate)
+        return scores
+
+    def update(self, outcome: StepOutcome, tree: DraftTree, path: Sequence[int]) -> None:
+        self.stats.record(tree, path)
+        for source in self.sources:
+            source.update(outcome)

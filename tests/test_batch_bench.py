@@ -1,0 +1,100 @@
+"""Batched cost model by hand, the batch benchmark end to end on a tiny model, and its GPU projection."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from experiments import batch_bench
+from experiments.datasets import default_data_root, repo_root
+from lookahead_core import LookaheadConfig
+from lookahead_core import cost_model as cm
+
+POOL = LookaheadConfig(window=1, ngram=3, guess=1, pool_only=True)
+
+
+def costs(per_token: float = 0.0):
+    """t(B, k) = 10 ms + per_token x B x k (1 ms one-logit discount ignored): B = 1 and 4 measured."""
+    sizes = (1, 2, 4, 8)
+    return {B: cm.CostModel(sizes, tuple(0.010 + per_token * B * k for k in sizes), batch=B) for B in (1, 4)}
+
+
+def test_batch_latency_interpolates_in_b_and_k():
+    c = costs(0.001)
+    assert cm.batch_latency(c, 1, 2) == pytest.approx(0.012)
+    assert cm.batch_latency(c, 4, 8) == pytest.approx(0.042)
+    assert cm.batch_latency(c, 2, 4) == pytest.approx(0.014 + (0.026 - 0.014) / 3)      # a third of the way to B = 4
+
+
+def test_batch_seconds_pads_to_the_largest_and_drops_finished_sequences():
+    c = costs(0.001)
+    # Sequence 0 takes 3 steps of 3, 1, 2 tokens; sequence 1 one step of 2 tokens.
+    seconds = cm.batch_seconds(c, POOL, [[3, 1, 2], [2]])
+    two = lambda k: cm.batch_latency(c, 2, k)       # noqa: E731
+    assert seconds == pytest.approx(two(3) + cm.batch_latency(c, 1, 1) + cm.batch_latency(c, 1, 2))
+
+
+def test_predict_batch_and_auto_per_batch_size():
+    # Flat curve (GPU-like): S is the speedup. Steep curve: nothing pays, auto falls back to greedy.
+    # 30 and 20 tokens in 10 steps each; batched greedy needs 30 steps (the longer sequence).
+    records = [([3] * 10, [3] * 10), ([3] * 10, [2] * 10)]
+    flat, steep = costs(0.0), costs(0.05)
+    assert cm.predict_batch(flat, POOL, [r[0] for r in records], [r[1] for r in records]) == pytest.approx(3.0)
+    pick, predicted = cm.choose_for_batch(flat, {"pool_N3G1": (POOL, records)}, 4)
+    assert pick == "pool_N3G1" and predicted["pool_N3G1"] == pytest.approx(3.0)
+    pick, predicted = cm.choose_for_batch(steep, {"pool_N3G1": (POOL, records)}, 4)
+    assert pick == "greedy" and predicted["pool_N3G1"] < 1
+
+
+@pytest.fixture(scope="module")
+def bench_dir(tmp_path_factory):
+    if not default_data_root().is_dir():
+        pytest.skip("no offline data")
+    threads = torch.get_num_threads()
+    out = tmp_path_factory.mktemp("batch")
+    batch_bench.main(["run", "--model", "tiny-llama", "--datasets", "mtbench", "humaneval", "--batch-sizes", "1", "3",
+                      "--batches", "1", "--prompts", "3", "--max-new-tokens", "10", "--latency-repeats", "1",
+                      "--out", str(out)])
+    torch.set_num_threads(threads)
+    return out
+
+
+def test_batch_bench_rows_report_and_resume(bench_dir: Path):
+    rows = pd.read_csv(bench_dir / "rows.csv")
+    assert len(rows) == 2 * (1 + 3) * len(batch_bench.DECODERS)             # one row per sequence per decoder
+    assert rows.matches_hf_greedy.all(), "a batched core decoder differed from batched generate"
+    assert set(rows[rows.B == 3].composition) == {"81 82 83", "HumanEval/0 HumanEval/1 HumanEval/2"}
+    summary = pd.read_csv(bench_dir / "summary.csv")
+    assert (summary[summary.decoder == "hf_greedy"].speedup == 1).all() and (summary.tokens_per_s > 0).all()
+    text = (bench_dir / "summary.md").read_text()
+    assert "Where lookahead stops paying" in text and "auto per batch size" in text
+    assert (bench_dir / "speedup_vs_batch.png").stat().st_size > 0
+    batch_bench.main(["run", "--model", "tiny-llama", "--datasets", "mtbench", "humaneval", "--batch-sizes", "1", "3",
+                      "--batches", "1", "--prompts", "3", "--max-new-tokens", "10", "--out", str(bench_dir)])
+    assert len(pd.read_csv(bench_dir / "rows.csv")) == len(rows)            # resumed: nothing rerun
+
+
+def test_gpu_bench_projects_batches_from_the_rows(bench_dir: Path, tmp_path: Path):
+    spec = importlib.util.spec_from_file_location("gpu_bench", repo_root() / "scripts" / "gpu_bench.py")
+    gpu_bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_bench)
+    gpu_bench.main(["--tiny", "--device", "cpu", "--out", str(tmp_path), "--batch-rows", str(bench_dir / "rows.csv"),
+                    "--batch-sizes", "1", "2", "4", "--loop-steps", "2"])
+    projection = pd.read_csv(tmp_path / "projection_batch_tiny.csv")
+    assert set(projection.decoder) == set(batch_bench.DECODERS) - {"hf_greedy", "core_greedy"}
+    assert set(projection.B) == {1, 3} and (projection.projected > 0).all()
+    assert "Projected speedup over batched greedy" in (tmp_path / "summary.md").read_text()
+
+
+def test_roofline_projection_is_flat_then_compute_bound(bench_dir: Path):
+    costs = batch_bench.roofline_costs(1e9, 1e12, 1e14, [1, 64])        # read 2 ms; compute 0.02 ms per token
+    assert cm.batch_latency(costs, 1, 8) == pytest.approx(0.002)
+    assert cm.batch_latency(costs, 64, 8) == pytest.approx(2 * 1e9 * 512 / 1e14)
+    table = batch_bench.project_roofline(pd.read_csv(bench_dir / "rows.csv"), costs)
+    assert set(table.B) == {1, 64} and (table.projected > 0).all()
+    batch_bench.main(["roofline", "--out", str(bench_dir), "--batch-sizes", "1", "4"])
+    assert "ASSUMED" in (bench_dir / "roofline.md").read_text()

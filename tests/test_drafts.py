@@ -1,0 +1,88 @@
+"""Draft sources, acceptance bookkeeping and the budgeted proposer, on hand-made token lists."""
+
+from collections import Counter
+
+import torch
+
+from lookahead_core.drafts import DraftStats, NGramSource, Proposer, RecycleSource, StepOutcome, SuffixSource
+from lookahead_core.layout import Draft, build_tree
+from lookahead_core.pool import NGramPool
+
+
+def test_suffix_prefers_the_longest_matching_context_then_the_most_recent():
+    #          0  1  2  3  4  5  6  7  8  9 10 11
+    context = [7, 1, 2, 3, 9, 1, 2, 4, 8, 5, 2, 6, 1, 2]
+    source = SuffixSource(matches=3, depth=2, context=context)
+    drafts = source.propose(context)
+    # "1 2" ends at 2 and 6: continuations (3, 9) and (4, 8), most recent first; then "2" alone at 10: (6, 1).
+    assert [d.tokens for d in drafts] == [(4, 8), (3, 9), (6, 1)]
+    assert [d.tags[0] for d in drafts] == ["suffix:2", "suffix:2", "suffix:1"]
+    assert len(SuffixSource(matches=1, depth=2, context=context).propose(context)) == 1
+
+
+def test_suffix_index_grows_with_the_text_and_copies_past_its_end():
+    source = SuffixSource(matches=2, depth=5, context=[4, 5])
+    assert source.propose([4, 5]) == []
+    text = [4, 5, 6, 4, 5]
+    source.update(StepOutcome(text, 2, 5))
+    # "4 5" ended at 1; its continuation runs into the end of the text and keeps copying: 6 4 5 6 4.
+    assert source.propose(text)[0] == Draft((6, 4, 5, 6, 4), ("suffix:2",) * 5)
+
+
+def test_recycle_keeps_the_latest_top_k_and_grows_a_halving_tree():
+    source = RecycleSource(k=4, depth=3)
+    source.update(StepOutcome([1], 0, 1, row_tokens=[1, 2], row_topk=torch.tensor([[2, 3, 4, 5], [6, 7, 8, 9]])))
+    source.update(StepOutcome([1], 0, 1, row_tokens=[6], row_topk=torch.tensor([[1, 2, 3, 4]])))
+    assert source.successors == {1: [2, 3, 4, 5], 2: [6, 7, 8, 9], 6: [1, 2, 3, 4]}
+    drafts = source.propose([0, 1])
+    tree = build_tree(drafts)
+    # 1 -> 2 3 4 5 (ranks 0-3); 2 -> its top 2: 6 7; 6 -> its top 1: 1 (depth 3).
+    assert [d.tokens for d in drafts] == [(2, 6, 1), (2, 7), (3,), (4,), (5,)]
+    assert drafts[0].tags == ("recycle:0", "recycle:0", "recycle:0") and drafts[3].tags == ("recycle:2",)
+    assert len(tree) == 7
+
+
+def test_ngram_source_tags_window_and_text_grams():
+    pool = NGramPool(ngram=3, capacity=4)
+    source = NGramSource(pool, None, text=True, context=[1, 2, 3, 1])
+    assert source.propose([1, 2, 3, 1]) == [Draft((2, 3), ("pool", "pool"))]
+    pool.add((1, 5, 6), "jacobi")
+    assert source.propose([9, 1])[-1] == Draft((5, 6), ("jacobi", "jacobi"))
+
+
+def test_stats_count_fed_tried_and_accepted_per_tag_and_depth():
+    tree = build_tree([Draft((1, 2, 3), ("a",) * 3), Draft((1, 4), ("b", "b")), Draft((5,), ("b",))])
+    # nodes: 0:1 (a, b)  1:2 (a)  2:3 (a)  3:4 (b)  4:5 (b)
+    stats = DraftStats()
+    stats.record(tree, [0, 1])          # accepted 1, 2; node 2 tried and rejected; node 3 tried, rejected
+    assert stats.fed == {("a", 1): 1, ("b", 1): 2, ("a", 2): 1, ("a", 3): 1, ("b", 2): 1}
+    assert stats.tried == {("a", 1): 1, ("b", 1): 2, ("a", 2): 1, ("a", 3): 1, ("b", 2): 1}
+    assert stats.accepted == Counter({("a", 1): 1, ("b", 1): 1, ("a", 2): 1})
+    stats.record(tree, [])              # nothing accepted: only the depth-1 nodes were tried
+    assert stats.tried[("a", 2)] == 1 and stats.tried[("a", 1)] == 2
+    rows = {(r["source"], r["depth"]): r for r in stats.table()}
+    assert rows[("b", 1)]["acceptance"] == 1 / 4 and rows[("a", 3)]["acceptance"] == 0.0
+
+
+def test_proposer_keeps_the_most_likely_nodes_within_the_budget():
+    class Fixed:
+        topk = 0
+
+        def __init__(self, drafts):
+            self.drafts = drafts
+
+        def propose(self, context):
+            return self.drafts
+
+        def update(self, outcome):
+            pass
+
+    good = Draft((1, 2, 3), ("good",) * 3)
+    bad = Draft((7, 8, 9), ("bad",) * 3)
+    proposer = Proposer([Fixed([bad]), Fixed([good])], merge=True, budget=4)
+    for _ in range(20):                                           # "good" is always accepted, "bad" never
+        tree = build_tree([bad, good])
+        proposer.stats.record(tree, [3, 4, 5])
+    kept = proposer.propose([0], window_rows=1)
+    assert kept.tokens == (1, 2, 3)                               # 3 nodes: budget 4 minus the input token
+    assert len(Proposer([Fixed([bad, good])], merge=True).propose([0], 1)) == 6   # no budget: everything
