@@ -440,6 +440,22 @@ def summarize(df: pd.DataFrame, baseline: str = HF_GREEDY) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+def draft_acceptance(df: pd.DataFrame) -> pd.DataFrame:
+    """Per core decoder, draft source and depth: nodes fed, tried (the walk reached their parent)
+    and accepted, summed over prompts, and acceptance = accepted / tried."""
+    totals: dict[tuple[str, str, int], Counter] = {}
+    column = df["draft_acceptance"] if "draft_acceptance" in df else pd.Series(dtype=object)
+    for decoder, cell in zip(df["decoder"], column):
+        if not isinstance(cell, str) or not cell:
+            continue
+        for r in json.loads(cell):
+            totals.setdefault((decoder, r["source"], int(r["depth"])), Counter()).update(
+                {k: r[k] for k in ("fed", "tried", "accepted")})
+    return pd.DataFrame([{"decoder": d, "source": s, "depth": k, **c,
+                          "acceptance": c["accepted"] / c["tried"] if c["tried"] else None}
+                         for (d, s, k), c in totals.items()])
+
+
 def summary_markdown(table: pd.DataFrame, title: str) -> str:
     def num(value, spec):
         return "" if value is None or pd.isna(value) else format(value, spec)
@@ -550,6 +566,11 @@ def write_report(out: Path) -> str:
     table.to_csv(out / "summary.csv", index=False)
     plot_speedups(table, out / "speedup.png", title)
     sections = [summary_markdown(table, title), _method_note(meta, df)]
+    drafts = draft_acceptance(df)
+    if not drafts.empty:
+        drafts.to_csv(out / "draft_acceptance.csv", index=False)
+        sections.append("#### Draft nodes per source and depth (fed; tried = the walk reached the parent; "
+                        "accepted)\n\n" + drafts.to_markdown(index=False, floatfmt=".3f"))
     calibration_path = out / "calibration.json"
     if calibration_path.exists():
         calibration = json.loads(calibration_path.read_text())
@@ -597,11 +618,55 @@ def collect(root: Path) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+TREE_S_GOAL = 1.15     # issue #11: a tree's S at least 15% above the same (N, W, G)'s linear branches
+
+
+def tree_vs_linear(root: Path) -> pd.DataFrame:
+    """Every token-tree decoder with a window beside the linear-branch decoder of the same (N, W, G)
+    and prompt pool, on the same prompts: S, tokens fed per step, and the goal (S at least 15%
+    higher while feeding no more tokens per step)."""
+    rows = []
+    for rows_csv in sorted(root.glob("*/rows.csv")):
+        df = load_rows(rows_csv)
+        if df.empty:
+            continue
+        table = summarize(df)
+        configs = {r["decoder"]: _config_from_row(df[df["decoder"] == r["decoder"]].iloc[0])
+                   for _, r in table.iterrows() if r["config"]}
+        by_name = table.set_index("decoder")
+        for name, config in configs.items():
+            if config is None or not config.tree or config.pool_only:
+                continue
+            linear = dataclasses.replace(config, tree=False, suffix=0, recycle=0, depth=0, budget=0)
+            match = [n for n, c in configs.items() if c == linear]
+            if not match:
+                continue
+            lin, tree = by_name.loc[match[0]], by_name.loc[name]
+            row = {"model": df["model"].iloc[0], "dataset": df["dataset"].iloc[0], "prompts": int(tree["prompts"]),
+                   "linear": match[0], "tree": name, "S_linear": lin["S"], "S_tree": tree["S"],
+                   "S_ratio": tree["S"] / lin["S"], "fed_linear": lin["tokens_per_step"],
+                   "fed_tree": tree["tokens_per_step"], "speedup_linear": lin["speedup_sum"],
+                   "speedup_tree": tree["speedup_sum"], "match_hf_greedy": tree["match_hf_greedy"]}
+            row["goal_S_15pct_no_more_fed"] = row["S_ratio"] >= TREE_S_GOAL and row["fed_tree"] <= row["fed_linear"]
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
 def write_collection(root: Path) -> str:
-    """``goals.md``/``goals.csv``/``goals.png`` in ``root``: every run folder's auto against HF."""
+    """``goals.md``/``goals.csv``/``goals.png`` in ``root``: every run folder's auto against HF;
+    ``trees.md``/``trees.csv``: token trees against linear branches at the same (N, W, G)."""
+    trees = tree_vs_linear(root)
+    tree_text = ""
+    if not trees.empty:
+        trees.to_csv(root / "trees.csv", index=False)
+        shown = trees.copy()
+        shown["goal_S_15pct_no_more_fed"] = shown["goal_S_15pct_no_more_fed"].map({True: "yes", False: "**no**"})
+        tree_text = ("### Token trees against linear branches at the same (N, W, G), same prompts\n\n"
+                     + shown.to_markdown(index=False, floatfmt=".2f") + "\n")
+        (root / "trees.md").write_text(tree_text, encoding="utf-8")
     table = collect(root)
     if table.empty:
-        return "(no run folders with an auto decoder)"
+        return tree_text or "(no run folders with an auto decoder)"
     table.to_csv(root / "goals.csv", index=False)
     models = list(dict.fromkeys(table["model"]))
     fig = Figure(figsize=(4.5 * len(models), 3.8), layout="tight")
@@ -621,7 +686,7 @@ def write_collection(root: Path) -> str:
     text = ("### decoding=auto against transformers (speedup over `generate` greedy, ratio of summed decode time)\n\n"
             + shown.to_markdown(index=False, floatfmt=".2f") + "\n\n![goals](goals.png)\n")
     (root / "goals.md").write_text(text, encoding="utf-8")
-    return text
+    return text + ("\n" + tree_text if tree_text else "")
 
 
 def _method_note(meta: dict, df: pd.DataFrame) -> str:

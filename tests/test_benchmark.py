@@ -173,8 +173,9 @@ def test_tree_configs_spread_items_and_old_rows_files(tmp_path: Path):
     prompts with calibration items beside them, and a rows.csv from before the new columns resumes."""
     out = tmp_path / "trees"
     args = ["--model", "tiny-llama", "--dataset", "mtbench", "--limit", "2", "--every", "10", "--max-new-tokens", "10",
-            "--configs", "--pool-only", "--prompt-lookup", "--threads", "1",
-            "--core", "ngram=3,guess=2,pool_only=1,tree=1,suffix=2,recycle=2,budget=4", "--out", str(out)]
+            "--configs", "3,3,3", "--pool", "on", "--pool-only", "--prompt-lookup", "--threads", "1",
+            "--core", "ngram=3,guess=2,pool_only=1,tree=1,suffix=2,recycle=2,budget=4",
+            "ngram=3,window=3,guess=3,prompt_pool=1,tree=1,suffix=2,budget=12", "--out", str(out)]
     benchmark.main(args)
     df = read_rows(out)
     assert sorted(df["item_id"].unique()) == ["81", "91"]            # questions 81 and 91: two categories
@@ -183,9 +184,13 @@ def test_tree_configs_spread_items_and_old_rows_files(tmp_path: Path):
     assert {"suffix", "recycle"} & {r["source"] for r in json.loads(tree["draft_acceptance"].iloc[0])}
     table = benchmark.summarize(df).set_index("decoder")
     assert table.loc["pool_N3G2_tree_sfx2_rc2_k4", "config"] == "pool_N3G2_tree_sfx2_rc2_k4"
+    pairs = benchmark.tree_vs_linear(tmp_path)                      # the windowed tree beside its linear twin
+    assert pairs[["linear", "tree"]].values.tolist() == [["la_N3W3G3_pool", "la_N3W3G3_pool_tree_sfx2_k12"]]
+    assert pairs["S_tree"].iloc[0] == table.loc["la_N3W3G3_pool_tree_sfx2_k12", "S"]
+    assert benchmark.draft_acceptance(df)["tried"].sum() > 0
     # An older file (without the last two columns) is rewritten with them and resumed, not refused.
     text = (out / "rows.csv").read_text().splitlines()
-    old = [",".join(benchmark.COLUMNS[:-2])] + [line for line in text[1:]]
+    old = [",".join(benchmark.COLUMNS[:-2])] + text[1:]
     (out / "rows.csv").write_text("\n".join(old) + "\n")
     store = benchmark.RowStore(out / "rows.csv", list(df["decoder"].unique()))
     assert store.finished == {"81", "91"}
