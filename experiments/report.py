@@ -107,7 +107,7 @@ def _summarize_decoder(keys: tuple, base: pd.DataFrame, tested: pd.DataFrame) ->
         new_tokens=tested["new_tokens"].mean(),
         S=(tested["new_tokens"] - 1).clip(lower=0).sum() / steps if steps else 1.0,
         tokens_per_step=tested["step_tokens_mean"].mean(),
-        tok_s=tested["new_tokens"].sum() / tested["decode_s"].sum(),
+        tok_s=_ratio(tested["new_tokens"].sum(), tested["decode_s"].sum()),
         tok_s_q1=tested["tokens_per_s"].quantile(0.25),
         tok_s_q3=tested["tokens_per_s"].quantile(0.75),
         matches_greedy=tested["matches_greedy"].astype("Float64").mean(),
@@ -118,10 +118,10 @@ def _summarize_decoder(keys: tuple, base: pd.DataFrame, tested: pd.DataFrame) ->
         paired = tested.merge(base, on=PAIR, suffixes=("", "_base"))
         row.update(
             against=base["decoder"].iloc[0] if len(base) else None,
-            tok_s_base=paired["new_tokens_base"].sum() / paired["decode_s_base"].sum(),
-            speedup=paired["decode_s_base"].sum() / paired["decode_s"].sum(),
+            tok_s_base=_ratio(paired["new_tokens_base"].sum(), paired["decode_s_base"].sum()),
+            speedup=_ratio(paired["decode_s_base"].sum(), paired["decode_s"].sum()),
             speedup_median=(paired["decode_s_base"] / paired["decode_s"]).median(),
-            speedup_e2e=paired["wall_s_base"].sum() / paired["wall_s"].sum(),
+            speedup_e2e=_ratio(paired["wall_s_base"].sum(), paired["wall_s"].sum()),
         )
         row.update(_quality(base, suffix="_base"))
         for kind in ROUGE_TYPES:
@@ -131,6 +131,10 @@ def _summarize_decoder(keys: tuple, base: pd.DataFrame, tested: pd.DataFrame) ->
                 row[f"{kind}_diff"] = diff.mean()
                 row[f"{kind}_diff_lo"], row[f"{kind}_diff_hi"] = bootstrap_ci(diff.to_numpy())
     return row
+
+
+def _ratio(numerator: float, denominator: float) -> float:
+    return numerator / denominator if denominator else float("nan")
 
 
 def _quality(rows: pd.DataFrame, suffix: str) -> dict:
@@ -368,10 +372,10 @@ def leaderboard(df: pd.DataFrame) -> pd.DataFrame:
         line: dict[str, object] = {"decoder": decoder}
         for task in SPEC_BENCH_TASKS:
             part = paired[paired["task"] == task]
-            line[task] = part["wall_s_base"].sum() / part["wall_s"].sum() if len(part) else None
+            line[task] = _ratio(part["wall_s_base"].sum(), part["wall_s"].sum()) if len(part) else None
         steps = rows["steps"].sum()
         line["#Mean Accepted Tokens"] = (rows["new_tokens"] - 1).clip(lower=0).sum() / steps if steps else 1.0
-        line["Overall"] = paired["wall_s_base"].sum() / paired["wall_s"].sum()
+        line["Overall"] = _ratio(paired["wall_s_base"].sum(), paired["wall_s"].sum())
         lines.append(line)
     counts = {"decoder": "turns per column"}
     counts.update({task: int((base["task"] == task).sum()) for task in SPEC_BENCH_TASKS})

@@ -265,25 +265,7 @@ class Job:
         return self.settings.results_path().with_suffix(f".{name}.json")
 
     def prompt_ids(self, item: Item, turn_index: int, answers: Sequence[str]) -> list[int]:
-        """The whole conversation up to turn ``turn_index``'s generation prompt, as token ids."""
-        if self.settings.prompt_format is PromptFormat.raw:
-            return list(self.tokenizer.encode(self.adapter.raw_prompt(item)))
-        prefix = item.extra.get("assistant_prefix", "")
-        if getattr(self.tokenizer, "chat_template", None):
-            text = self._apply_chat_template(item, turn_index, answers) + prefix
-            return list(self.tokenizer.encode(text, add_special_tokens=False))  # the template has BOS
-        messages = self.adapter.build_messages(item, turn_index, answers)
-        return list(self.tokenizer.encode(plain_transcript(messages) + prefix))
-
-    def _apply_chat_template(self, item: Item, turn_index: int, answers: Sequence[str]) -> str:
-        def render(system_role: bool) -> str:
-            messages = self.adapter.build_messages(item, turn_index, answers, system_role=system_role)
-            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-
-        try:
-            return render(system_role=True)
-        except TemplateError:  # templates such as Gemma's reject a system message
-            return render(system_role=False)
+        return prompt_ids(self.adapter, self.tokenizer, self.settings.prompt_format, item, turn_index, answers)
 
     def sampling(self, item: Item) -> SamplingConfig:
         """The job's sampling settings, at the item's own temperature with ``item_temperature``."""
@@ -315,6 +297,27 @@ class Job:
 
     def text(self, tokens: list[int]) -> str:
         return self.tokenizer.decode(tokens, skip_special_tokens=True)
+
+
+def prompt_ids(adapter: DatasetAdapter, tokenizer: Any, prompt_format: PromptFormat, item: Item, turn_index: int,
+               answers: Sequence[str]) -> list[int]:
+    """The whole conversation up to turn ``turn_index``'s generation prompt, as token ids: the
+    model's chat template (a plain transcript without one), or the raw prompt verbatim."""
+    if prompt_format is PromptFormat.raw:
+        return list(tokenizer.encode(adapter.raw_prompt(item)))
+    prefix = item.extra.get("assistant_prefix", "")
+    if getattr(tokenizer, "chat_template", None):
+        def render(system_role: bool) -> str:
+            messages = adapter.build_messages(item, turn_index, answers, system_role=system_role)
+            return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+        try:
+            text = render(system_role=True)
+        except TemplateError:  # templates such as Gemma's reject a system message
+            text = render(system_role=False)
+        return list(tokenizer.encode(text + prefix, add_special_tokens=False))  # the template has BOS
+    messages = adapter.build_messages(item, turn_index, answers)
+    return list(tokenizer.encode(plain_transcript(messages) + prefix))
 
 
 def _sync(model) -> None:
