@@ -234,7 +234,7 @@ def summary_markdown(table: pd.DataFrame, title: str) -> str:
     lines = [
         f"### {title}",
         "",
-        "| decoder | N | W | G | prompts | S | tokens/step | tok/s [IQR] | speedup median | speedup sum | "
+        "| decoder | N | W | G | prompts | S | tokens/step | tok/s median [IQR] | speedup median | speedup sum | "
         "speedup e2e | vs core greedy | overhead | match HF greedy | pass@1 |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -242,7 +242,7 @@ def summary_markdown(table: pd.DataFrame, title: str) -> str:
         name = f"auto = {r['label']}" if r["decoder"] == "auto" else r["decoder"]
         lines.append(
             f"| {name} | {num(r['N'], '.0f')} | {num(r['W'], '.0f')} | {num(r['G'], '.0f')} | {r['prompts']} | "
-            f"{r['S']:.2f} | {num(r['tokens_per_step'], '.1f')} | {r['tok_s']:.2f} [{r['tok_s_q1']:.2f}-{r['tok_s_q3']:.2f}] | "
+            f"{r['S']:.2f} | {num(r['tokens_per_step'], '.1f')} | {r['tok_s_median']:.2f} [{r['tok_s_q1']:.2f}-{r['tok_s_q3']:.2f}] | "
             f"{r['speedup_median']:.2f}x | {r['speedup_sum']:.2f}x | {r['speedup_e2e']:.2f}x | "
             f"{num(r.get('speedup_vs_core'), '.2f')} | {100 * r['overhead']:.1f}% | "
             f"{num(r['match_hf_greedy'], '.0%')} | {num(r.get('pass@1'), '.2f')} |"

@@ -61,7 +61,7 @@ def _is_rows(path: Path) -> bool:
     """A job's rows (not a summary table written beside them)."""
     with open(path, encoding="utf-8") as handle:
         header = handle.readline()
-    return header.startswith("experiment,") or "item_id" in header.split(",")[:4]
+    return {"item_id", "decoder", "decode_s"} <= set(header.strip().split(","))
 
 
 def load_results(paths: Iterable[str | Path]) -> pd.DataFrame:
@@ -108,6 +108,7 @@ def _summarize_decoder(keys: tuple, base: pd.DataFrame, tested: pd.DataFrame) ->
         S=(tested["new_tokens"] - 1).clip(lower=0).sum() / steps if steps else 1.0,
         tokens_per_step=tested["step_tokens_mean"].mean(),
         tok_s=_ratio(tested["new_tokens"].sum(), tested["decode_s"].sum()),
+        tok_s_median=tested["tokens_per_s"].median(),
         tok_s_q1=tested["tokens_per_s"].quantile(0.25),
         tok_s_q3=tested["tokens_per_s"].quantile(0.75),
         matches_greedy=tested["matches_greedy"].astype("Float64").mean(),

@@ -70,7 +70,7 @@ def test_summary_table_and_cost_model_outputs(run_dir: Path):
         assert f"| {name} |" in text or (name == "auto" and "| auto = " in text)   # auto names its pick
     assert "speedup median" in text and "decoding=auto" in text
     table = pd.read_csv(run_dir / "summary.csv")
-    assert {"tok_s", "tok_s_q1", "tok_s_q3", "S", "speedup_median", "speedup_sum", "overhead",
+    assert {"tok_s_median", "tok_s_q1", "tok_s_q3", "S", "speedup_median", "speedup_sum", "overhead",
             "match_hf_greedy"} <= set(table.columns)
     assert table.set_index("decoder").loc["hf_greedy", "speedup_sum"] == pytest.approx(1.0)
     assert (table["match_hf_greedy"] == 1.0).all()
