@@ -351,9 +351,10 @@ def verdict(table: pd.DataFrame) -> str:
     slow = rows[(rows["S"] > 1.05) & (rows["speedup"] < 1)]
     if len(slow):
         worst = slow.loc[slow["speedup"].idxmin()]
-        line += (f"; {worst['decoder']} commits {worst['S']:.2f} tokens per forward yet runs at {worst['speedup']:.2f}x, "
-                 "because here a forward's cost grows with the tokens it carries (on a GPU, where it hardly "
-                 "does, S is the speedup)")
+        line += (f"; {worst['decoder']} commits {worst['S']:.2f} tokens per forward yet runs at {worst['speedup']:.2f}x: "
+                 "on this device what a step adds (a wider forward, or a draft model's forwards) costs more "
+                 "than the forwards it saves (on a GPU a forward of tens of tokens costs about what one of "
+                 "one token does, so S turns into speedup)")
     return line + "."
 
 
