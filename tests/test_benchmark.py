@@ -169,3 +169,25 @@ def test_collect_checks_the_goals_per_run_folder(run_dir: Path, tmp_path: Path):
     assert row["goal_not_slower"] == (row["auto_speedup"] >= 1.0)
     assert row["goal_beats_pld"] == (row["auto_speedup"] > summary.loc["hf_pld_k3", "speedup_sum"])
     assert pd.isna(row["goal_1.3x"])                          # the 1.3x goal is for HumanEval and MBPP
+
+
+def test_old_benchmark_rows_are_upgraded_to_the_one_schema(tmp_path: Path):
+    spec = importlib.util.spec_from_file_location("upgrade", repo_root() / "scripts" / "upgrade_benchmark_rows.py")
+    upgrade = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(upgrade)
+    old_columns = ["model", "dataset", "item_id", "decoder", "family", "N", "W", "G", "prompt_pool", "pool_only",
+                   "prompt_lookup", "threads", "max_new_tokens", "new_tokens", "forwards", "steps", "decode_s",
+                   "wall_s", "tokens_per_s", "overhead_frac", "step_tokens_mean", "core_decode_s",
+                   "matches_hf_greedy", "matches_core_greedy"]
+    values = {"hf_greedy": ("hf", "", "", "", "", "", "", 4.0), "hf_pld_k3": ("hf", "", "", "", "", "", "3", 2.0),
+              "la_N3W4G4": ("core", "3", "4", "4", "False", "False", "", 8.0)}
+    (tmp_path / "run").mkdir()
+    rows = tmp_path / "run" / "rows.csv"
+    records = [("m", "d", item, name, *v[:7], "1", "8", "9", "6", "5", v[7], v[7] + 1, 9 / v[7], "0.1", "1.0",
+                v[7], "True", "True") for item in ("1", "2") for name, v in values.items()]
+    pd.DataFrame(records, columns=old_columns).to_csv(rows, index=False)
+    assert upgrade.upgrade(rows) and not upgrade.upgrade(rows)
+    table = benchmark.summarize(read_rows(rows.parent)).set_index("decoder")
+    assert table.loc["hf_pld_k3", "speedup_sum"] == pytest.approx(2.0)
+    assert table.loc["la_N3W4G4", "speedup_sum"] == pytest.approx(0.5)
+    assert table.loc["la_N3W4G4", "label"] == "la_N3W4G4" and table.loc["la_N3W4G4", "match_hf_greedy"] == 1.0
