@@ -262,6 +262,10 @@ def write_report(paths: Iterable[str | Path], out_dir: str | Path) -> Path:
         f"{len(df)} rows from {df.groupby(GROUP).ngroups} run setups.",
         "## Speed\n\n" + to_markdown(table, SUMMARY_COLUMNS),
         "## Quality\n\n" + _quality_section(table),
+        *(["## Spec-Bench layout\n\nSpeedup over the baseline per task (ratio of summed wall time, prefill "
+            "included, as Spec-Bench times a generation), mean accepted tokens per step, overall; the last row "
+            "counts the turns per column.\n\n" + leaderboard(df[df["dataset"] == "specbench"]).to_markdown(
+                index=False, floatfmt=".2f")] if (df["dataset"] == "specbench").any() else []),
         "## Plots\n\n" + "\n".join(f"![{p.stem}]({p.name})" for p in plots if p is not None),
     ]
     report = out / "report.md"
