@@ -191,3 +191,13 @@ def test_old_benchmark_rows_are_upgraded_to_the_one_schema(tmp_path: Path):
     assert table.loc["hf_pld_k3", "speedup_sum"] == pytest.approx(2.0)
     assert table.loc["la_N3W4G4", "speedup_sum"] == pytest.approx(0.5)
     assert table.loc["la_N3W4G4", "label"] == "la_N3W4G4" and table.loc["la_N3W4G4", "match_hf_greedy"] == 1.0
+
+
+@needs_data
+def test_profile_runs_through_the_harness_job(tmp_path: Path):
+    benchmark.main(["profile", "--model", "tiny-llama", "--dataset", "mtbench", "--limit", "1", "--max-new-tokens",
+                    "8", "--configs", "3,3,3", "--pool", "on", "--pool-only", "3,1", "--threads", "1",
+                    "--out", str(tmp_path)])
+    table = pd.read_csv(tmp_path / "profile.csv").set_index("decoder")
+    assert list(table.index) == ["core_greedy", "la_N3W3G3_pool", "pool_N3G1"]
+    assert (table["steps"] > 0).all() and ((table["overhead_frac"] > 0) & (table["overhead_frac"] < 1)).all()
