@@ -264,8 +264,8 @@ def write_report(paths: Iterable[str | Path], out_dir: str | Path) -> Path:
         "## Quality\n\n" + _quality_section(table),
         *(["## Spec-Bench layout\n\nSpeedup over the baseline per task (ratio of summed wall time, prefill "
             "included, as Spec-Bench times a generation), mean accepted tokens per step, overall; the last row "
-            "counts the turns per column.\n\n" + leaderboard(df[df["dataset"] == "specbench"]).to_markdown(
-                index=False, floatfmt=".2f")] if (df["dataset"] == "specbench").any() else []),
+            "counts the turns per column.\n\n" + leaderboard_markdown(leaderboard(df[df["dataset"] == "specbench"]))]
+          if (df["dataset"] == "specbench").any() else []),
         "## Plots\n\n" + "\n".join(f"![{p.stem}]({p.name})" for p in plots if p is not None),
     ]
     report = out / "report.md"
@@ -314,7 +314,7 @@ def job_summary(path: Path) -> str:
     parts = [to_markdown(table, SUMMARY_COLUMNS)]
     if (df["dataset"] == "specbench").any():
         parts.append("Spec-Bench layout (speedup over the baseline per task, ratio of summed wall time):\n\n"
-                     + leaderboard(df).to_markdown(index=False, floatfmt=".2f"))
+                     + leaderboard_markdown(leaderboard(df)))
     if plot is not None:
         parts.append(f"plot: {plot}")
     parts.append(verdict(table))
@@ -387,6 +387,23 @@ def leaderboard(df: pd.DataFrame) -> pd.DataFrame:
     counts.update({task: int((base["task"] == task).sum()) for task in SPEC_BENCH_TASKS})
     counts.update({"#Mean Accepted Tokens": None, "Overall": len(base)})
     return pd.DataFrame([*lines, counts])
+
+
+def leaderboard_markdown(table: pd.DataFrame) -> str:
+    """The leaderboard as Spec-Bench prints it: speedups as ``1.23x``, turn counts as integers."""
+    def cell(value: object, column: str, counts: bool) -> str:
+        if value is None or pd.isna(value):
+            return ""
+        if counts:
+            return str(int(value))
+        return f"{value:.2f}" if column == "#Mean Accepted Tokens" else f"{value:.2f}x"
+
+    shown = table.astype(object).copy()
+    for index, row in table.iterrows():
+        counts = row["decoder"] == "turns per column"
+        for column in table.columns[1:]:
+            shown.at[index, column] = cell(row[column], column, counts)
+    return shown.to_markdown(index=False)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
