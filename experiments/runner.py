@@ -36,7 +36,7 @@ from lookahead_core import CausalLM, DecodeLimits, DecodeState, SamplingConfig
 from lookahead_core import models as model_loader
 
 from . import report
-from .datasets import DatasetAdapter, Item, get_dataset, repo_root
+from .datasets import DatasetAdapter, Item, repo_root
 from .decoders import Decoder, Generation
 from .metrics import extract_code, rouge_scores, truncate_at_stop
 from .sandbox import check_classeval, check_humaneval, check_mbpp
