@@ -21,7 +21,7 @@ bubblewrap:
 	fi
 
 demo: install
-	$(PY) run.py
+	HF_HUB_OFFLINE=1 $(PY) run.py
 
 test: install
 	$(PY) -m pytest -q

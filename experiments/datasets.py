@@ -19,6 +19,7 @@ An adapter's ``format`` says which of the two the harness should use by default.
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import os
 import random
@@ -112,26 +113,39 @@ def _read_json(path: Path) -> Any:
         return json.load(handle)
 
 
-def stratified(items: Sequence[Item], seed: int, key: str = "category") -> list[Item]:
-    """``items`` reordered round-robin over ``extra[key]`` groups (in first-seen group order), each
-    group shuffled with ``seed``: any prefix covers the groups as evenly as its length allows."""
-    groups: dict[Any, list[Item]] = {}
-    for item in items:
-        groups.setdefault(item.extra.get(key), []).append(item)
-    rng = random.Random(seed)
-    for members in groups.values():
-        rng.shuffle(members)
-    longest = max((len(members) for members in groups.values()), default=0)
-    return [members[i] for i in range(longest) for members in groups.values() if i < len(members)]
-
-
 def _select(items: list[Item], limit: int | None, offset: int) -> list[Item]:
+    """``items[offset : offset + limit]``."""
     if offset < 0:
         raise ValueError(f"offset must be >= 0, got {offset}")
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be >= 0 or None, got {limit}")
     end = None if limit is None else offset + limit
     return items[offset:end]
+
+
+def by_category(items: list[Item], categories: Sequence[str] | None) -> list[Item]:
+    """The items whose ``extra["category"]`` is one of ``categories`` (all when None)."""
+    if categories is None:
+        return items
+    known = list(dict.fromkeys(item.extra.get("category") for item in items))
+    if known == [None]:
+        raise ValueError(f"{items[0].dataset} items have no categories" if items else "no items")
+    unknown = [c for c in categories if c not in known]
+    if unknown:
+        raise ValueError(f"unknown category {unknown[0]!r}; {items[0].dataset} has {', '.join(map(str, known))}")
+    return [item for item in items if item.extra.get("category") in categories]
+
+
+def spread(items: list[Item], seed: int) -> list[Item]:
+    """One item of each category in turn (categories in file order), each category shuffled with
+    ``seed``: any prefix spans the categories, so a subset or a run cut short represents the set."""
+    groups: dict[Any, list[Item]] = {}
+    for item in items:
+        groups.setdefault(item.extra.get("category"), []).append(item)
+    rng = random.Random(seed)
+    for group in groups.values():
+        rng.shuffle(group)
+    return [item for row in itertools.zip_longest(*groups.values()) for item in row if item is not None]
 
 
 class DatasetAdapter(ABC):
@@ -144,8 +158,9 @@ class DatasetAdapter(ABC):
     name: ClassVar[str]
     max_new_tokens: ClassVar[int]  # the reference harness's generation budget
     format: PromptFormat  # which of turns / prompt reproduces the reference setup
-    hub: HubSource
+    hub: HubSource | None  # None: no hub copy; the file must be under data_root
     local_path: str  # relative to data_root; shown in errors
+    download: str = ""  # where to get the file, shown when it is missing
 
     def load(
         self,
@@ -153,19 +168,26 @@ class DatasetAdapter(ABC):
         limit: int | None = None,
         offset: int = 0,
         source: Source = "auto",
+        *,
+        categories: Sequence[str] | None = None,
+        order: Literal["file", "spread"] = "file",
+        seed: int = 0,
     ) -> list[Item]:
-        """Items ``[offset : offset + limit]`` in the file's order.
+        """Items ``[offset : offset + limit]`` of ``categories`` (all when None), in the file's
+        order or ``spread`` over categories (:func:`spread`).
 
         ``source``: ``"local"`` reads only ``data_root``; ``"hub"`` only the hub; ``"auto"``
-        tries the hub only when the local file is missing.
+        tries the hub only when the local file is missing (never with ``HF_HUB_OFFLINE=1``).
         """
         if source not in ("auto", "local", "hub"):
             raise ValueError(f"source must be 'auto', 'local' or 'hub', got {source!r}")
         root = Path(data_root) if data_root is not None else default_data_root()
-        records = self._records(root, source)
-        return _select([self._to_item(record) for record in records], limit, offset)
+        items = by_category([self._to_item(record) for record in self._records(root, source)], categories)
+        return _select(spread(items, seed) if order == "spread" else items, limit, offset)
 
     def _records(self, root: Path, source: Source) -> list[dict[str, Any]]:
+        if self.hub is None or os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
+            source = "local" if source == "auto" else source
         if source != "hub":
             try:
                 return self._local_records(root)
@@ -178,20 +200,24 @@ class DatasetAdapter(ABC):
             raise self._missing(root, err) from err
 
     def _missing(self, root: Path, hub_error: BaseException | None) -> FileNotFoundError:
+        where = f"put the file at {root / self.local_path} (or point data_root= / ${DATA_ROOT_ENV} at " \
+                f"a folder holding {self.local_path})"
+        if self.download:
+            where += f"; get it from {self.download}"
+        if self.hub is None:
+            return FileNotFoundError(f"{self.name}: no data file: {where}.")
         hub_note = (
-            f"the hub fallback failed ({type(hub_error).__name__}: {hub_error})"
+            f"the hub fallback failed ({type(hub_error).__name__}: {str(hub_error).splitlines()[0]})"
             if hub_error is not None
-            else "the hub fallback was not allowed (source='local')"
+            else "the hub was not tried (source=local or HF_HUB_OFFLINE=1)"
         )
-        return FileNotFoundError(
-            f"{self.name}: no data. Looked for {root / self.local_path}; {hub_note}. "
-            f"Put the file at <data_root>/{self.local_path} (data_root = argument, "
-            f"${DATA_ROOT_ENV}, or <repo>/../shared/data), or allow the hub with source='auto' "
-            f"and internet: {self.hub.describe()}."
-        )
+        return FileNotFoundError(f"{self.name}: no data file; {hub_note}: {where}, or allow the hub "
+                                 f"(dataset.source=auto, internet): {self.hub.describe()}.")
 
     def _hub_records(self) -> list[dict[str, Any]]:
         """Rows of the hub split as plain dicts. ``datasets`` is imported lazily: it is slow."""
+        if self.hub is None:
+            raise ValueError(f"{self.name} has no hub copy")
         from datasets import load_dataset
 
         rows = load_dataset(self.hub.path, self.hub.name, split=self.hub.split)
@@ -264,18 +290,6 @@ class MTBench(DatasetAdapter):
     hub = HubSource("lighteval/mt-bench", None, "train")
     local_path = "mt_bench/question.jsonl"
     max_new_tokens = 1024
-
-    def __init__(self, stratify: bool = False, stratify_seed: int = 0) -> None:
-        """``stratify``: order the questions round-robin over the 8 categories (each category
-        shuffled with ``stratify_seed``), so that ``limit`` items represent the whole set; the
-        file's first 20 questions are all writing and roleplay. ``dataset.options.stratify=true``."""
-        if not isinstance(stratify, bool) or not isinstance(stratify_seed, int):
-            raise ValueError(f"stratify must be a bool and stratify_seed an int, got {stratify!r}, {stratify_seed!r}")
-        self.stratify, self.stratify_seed = stratify, stratify_seed
-
-    def load(self, data_root=None, limit=None, offset=0, source="auto") -> list[Item]:
-        items = super().load(data_root, None, 0, source)
-        return _select(stratified(items, self.stratify_seed) if self.stratify else items, limit, offset)
 
     def _local_records(self, root: Path) -> list[dict[str, Any]]:
         return _read_jsonl(root / self.local_path)
@@ -578,6 +592,44 @@ class ClassEval(DatasetAdapter):
 
 
 # ---------------------------------------------------------------------------------------------
+# Spec-Bench
+
+
+class SpecBench(DatasetAdapter):
+    """Spec-Bench (Xia et al., ACL 2024 Findings), the shared benchmark of speculative decoding:
+    480 prompts in 13 categories, the 80 MT-Bench questions (8 categories x 10, two turns each;
+    turn 2 follows the model's own first answer) and 80 each of translation, summarization, qa,
+    math_reasoning and rag (one turn). Each turn goes through the model's chat template, greedy, as
+    Spec-Bench's inference scripts run it (FastChat's conversation template there)."""
+
+    name = "specbench"
+    format = "chat"
+    hub = None
+    local_path = "spec_bench/question.jsonl"
+    download = "https://github.com/hemingkx/Spec-Bench (data/spec_bench/question.jsonl)"
+    max_new_tokens = 1024
+
+    def _local_records(self, root: Path) -> list[dict[str, Any]]:
+        return _read_jsonl(root / self.local_path)
+
+    def _to_item(self, record: dict[str, Any]) -> Item:
+        return Item(self.name, str(record["question_id"]), list(record["turns"]), None, None,
+                    {"category": record["category"]})
+
+
+# Spec-Bench's leaderboard columns: its six tasks, MT-Bench's eight categories pooled as one.
+SPEC_BENCH_TASKS: dict[str, tuple[str, ...]] = {
+    "Multi-turn Conversation": ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem",
+                                "humanities"),
+    "Translation": ("translation",),
+    "Summarization": ("summarization",),
+    "Question Answering": ("qa",),
+    "Mathematical Reasoning": ("math_reasoning",),
+    "Retrieval-aug. Generation": ("rag",),
+}
+
+
+# ---------------------------------------------------------------------------------------------
 # Registry
 
 DATASETS: dict[str, type[DatasetAdapter]] = {
@@ -587,6 +639,7 @@ DATASETS: dict[str, type[DatasetAdapter]] = {
     "humaneval": HumanEval,
     "mbpp": MBPP,
     "classeval": ClassEval,
+    "specbench": SpecBench,
 }
 
 

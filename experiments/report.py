@@ -26,14 +26,13 @@ from .metrics import ROUGE_TYPES, bootstrap_ci, pass_at_k_report
 GROUP = ["experiment", "model", "device", "dtype", "config", "settings"]
 PAIR = ["item_id", "turn", "seed"]
 BOOL_COLUMNS = ["baseline", "prompt_pool", "pool_only", "matches_greedy", "passed"]
-TEXT_COLUMNS = ["experiment", "dataset", "item_id", "model", "config", "settings", "git_commit", "text",
-                "diff_verdict"]
-DIVERGENCE_COLUMNS = ["first_diff", "diff_margin", "diff_verdict"]   # absent from CSVs written before them
+TEXT_COLUMNS = ["experiment", "dataset", "item_id", "category", "model", "decoder", "family", "config", "settings",
+                "assistant", "params", "git_commit", "text", "diff_verdict", "sandbox"]
 PASS_KS = (1, 10, 100)
 
 SUMMARY_COLUMNS = [
-    "experiment", "model", "dtype", "config", "max_new_tokens", "items", "rows", "new_tokens", "S",
-    "speedup", "speedup_median", "tok_s_base", "tok_s", "matches_greedy", "overhead",
+    "experiment", "model", "dtype", "decoder", "against", "config", "max_new_tokens", "items", "rows", "new_tokens",
+    "S", "speedup", "speedup_median", "tok_s_base", "tok_s", "matches_greedy", "overhead", "pass@1", "pass@1_base",
 ]  # fmt: skip
 QUALITY_COLUMNS = [
     *ROUGE_TYPES, *(f"{kind}_base" for kind in ROUGE_TYPES),
@@ -55,35 +54,50 @@ def find_csvs(paths: Iterable[str | Path]) -> list[Path]:
             found.append(Path(entry))
         else:
             found += sorted(Path(match) for match in glob.glob(entry, recursive=True) if match.endswith(".csv"))
-    return list(dict.fromkeys(found))
+    return [path for path in dict.fromkeys(found) if _is_rows(path)]
+
+
+def _is_rows(path: Path) -> bool:
+    """A job's rows (not a summary table written beside them)."""
+    with open(path, encoding="utf-8") as handle:
+        header = handle.readline()
+    return {"item_id", "decoder", "decode_s"} <= set(header.strip().split(","))
 
 
 def load_results(paths: Iterable[str | Path]) -> pd.DataFrame:
-    """All rows of the CSVs under ``paths``, with booleans as pandas' nullable ``boolean``."""
+    """All rows of the CSVs under ``paths``, with booleans as pandas' nullable ``boolean``;
+    columns an older file lacks are empty."""
+    from .runner import COLUMNS
+
     files = find_csvs(paths)
     if not files:
         raise FileNotFoundError(f"no result CSVs under {list(map(str, paths))}")
     frames = [pd.read_csv(path, dtype={column: str for column in TEXT_COLUMNS + BOOL_COLUMNS},
                           keep_default_na=False, na_values=[""]) for path in files]
     df = pd.concat(frames, ignore_index=True)
-    for column in DIVERGENCE_COLUMNS:
+    for column in COLUMNS:
         if column not in df:
-            df[column] = pd.NA
+            df[column] = pd.Series([None] * len(df), dtype=object if column in TEXT_COLUMNS + BOOL_COLUMNS else float)
     for column in BOOL_COLUMNS:
         df[column] = df[column].map({"True": True, "False": False}).astype("boolean")
     return df
 
 
 def summarize(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per run setup: the decoder under test against its paired baseline rows."""
-    return pd.DataFrame([_summarize_group(keys, group) for keys, group in df.groupby(GROUP, sort=True)])
+    """One row per run setup and decoder under test, against the setup's paired baseline rows
+    (a setup that ran only its baseline reports on the baseline itself)."""
+    rows = []
+    for keys, group in df.groupby(GROUP, sort=True):
+        base = group[group["baseline"].fillna(False)]
+        cand = group[~group["baseline"].fillna(False)]
+        for decoder in (list(dict.fromkeys(cand["decoder"])) or list(dict.fromkeys(base["decoder"]))):
+            rows.append(_summarize_decoder(keys, base, group[group["decoder"] == decoder]))
+    return pd.DataFrame(rows)
 
 
-def _summarize_group(keys: tuple, group: pd.DataFrame) -> dict:
-    base = group[group["baseline"].fillna(False)]
-    cand = group[~group["baseline"].fillna(False)]
-    tested = cand if len(cand) else base        # a baseline-only run reports on the baseline itself
+def _summarize_decoder(keys: tuple, base: pd.DataFrame, tested: pd.DataFrame) -> dict:
     row = dict(zip(GROUP, keys, strict=True))
+    steps = tested["steps"].sum()
     row.update(
         decoder=tested["decoder"].iloc[0],
         max_new_tokens=int(tested["max_new_tokens"].iloc[0]),
@@ -91,18 +105,24 @@ def _summarize_group(keys: tuple, group: pd.DataFrame) -> dict:
         rows=len(tested),
         seeds=tested["seed"].nunique(),
         new_tokens=tested["new_tokens"].mean(),
-        S=tested["S"].mean(),
-        tok_s=tested["new_tokens"].sum() / tested["decode_s"].sum(),
+        S=(tested["new_tokens"] - 1).clip(lower=0).sum() / steps if steps else 1.0,
+        tokens_per_step=tested["step_tokens_mean"].mean(),
+        tok_s=_ratio(tested["new_tokens"].sum(), tested["decode_s"].sum()),
+        tok_s_median=tested["tokens_per_s"].median(),
+        tok_s_q1=tested["tokens_per_s"].quantile(0.25),
+        tok_s_q3=tested["tokens_per_s"].quantile(0.75),
         matches_greedy=tested["matches_greedy"].astype("Float64").mean(),
         overhead=tested["overhead_frac"].mean(),
     )
     row.update(_quality(tested, suffix=""))
-    if len(cand):
-        paired = cand.merge(base, on=PAIR, suffixes=("", "_base"))
+    if not tested["baseline"].fillna(False).all():
+        paired = tested.merge(base, on=PAIR, suffixes=("", "_base"))
         row.update(
-            tok_s_base=paired["new_tokens_base"].sum() / paired["decode_s_base"].sum(),
-            speedup=paired["decode_s_base"].sum() / paired["decode_s"].sum(),
+            against=base["decoder"].iloc[0] if len(base) else None,
+            tok_s_base=_ratio(paired["new_tokens_base"].sum(), paired["decode_s_base"].sum()),
+            speedup=_ratio(paired["decode_s_base"].sum(), paired["decode_s"].sum()),
             speedup_median=(paired["decode_s_base"] / paired["decode_s"]).median(),
+            speedup_e2e=_ratio(paired["wall_s_base"].sum(), paired["wall_s"].sum()),
         )
         row.update(_quality(base, suffix="_base"))
         for kind in ROUGE_TYPES:
@@ -112,6 +132,10 @@ def _summarize_group(keys: tuple, group: pd.DataFrame) -> dict:
                 row[f"{kind}_diff"] = diff.mean()
                 row[f"{kind}_diff_lo"], row[f"{kind}_diff_hi"] = bootstrap_ci(diff.to_numpy())
     return row
+
+
+def _ratio(numerator: float, denominator: float) -> float:
+    return numerator / denominator if denominator else float("nan")
 
 
 def _quality(rows: pd.DataFrame, suffix: str) -> dict:
@@ -134,11 +158,12 @@ def divergence_table(df: pd.DataFrame) -> pd.DataFrame:
     baseline was confident, ``earlier_turn``: the conversation already differed in an earlier turn)."""
     compared = df[df["matches_greedy"].notna()]
     lines = []
-    for (dtype, model, config), group in compared.groupby(["dtype", "model", "config"], sort=True):
+    for (dtype, model, config, decoder), group in compared.groupby(["dtype", "model", "config", "decoder"], sort=True):
         verdicts = group["diff_verdict"].value_counts()
         differ = int((~group["matches_greedy"].astype(bool)).sum())
         near = int(verdicts.get("near_tie", 0))
-        lines.append({"dtype": dtype, "model": model, "config": config, "rows": len(group), "differ": differ,
+        lines.append({"dtype": dtype, "model": model, "config": config, "decoder": decoder, "rows": len(group),
+                      "differ": differ,
                       "near_tie": near, "mismatch": int(verdicts.get("mismatch", 0)),
                       "earlier_turn": int(verdicts.get("earlier_turn", 0)),
                       "near_tie_share": near / differ if differ else None})
@@ -216,9 +241,14 @@ def plot_accepted(df: pd.DataFrame, out_dir: Path) -> Path | None:
 
 
 def _labels(rows: pd.DataFrame) -> pd.Series:
-    """The config tag, plus the settings hash where one tag ran with several settings."""
-    several = rows.groupby("config")["settings"].transform("nunique") > 1
-    return rows["config"].where(~several, rows["config"] + " [" + rows["settings"] + "]")
+    """The config tag for a setup with one decoder under test, else the decoder's name; plus the
+    settings hash where one label ran with several settings."""
+    tested = rows[~rows["baseline"].fillna(False)] if "baseline" in rows else rows
+    decoders = tested.groupby(["config", "settings"])["decoder"].nunique()
+    several_decoders = rows.set_index(["config", "settings"]).index.map(lambda key: decoders.get(key, 1) > 1)
+    label = pd.Series(list(rows["decoder"].where(several_decoders, rows["config"])), index=rows.index)
+    several = label.groupby(label).transform(lambda part: rows.loc[part.index, "settings"].nunique() > 1)
+    return label.where(~several, label + " [" + rows["settings"] + "]")
 
 
 def _figure(figsize: tuple[float, float]) -> tuple[Figure, object]:
@@ -253,6 +283,10 @@ def write_report(paths: Iterable[str | Path], out_dir: str | Path) -> Path:
         "## Divergence from greedy\n\nGreedy rows that differ from their baseline, judged at the first "
         "differing token by the baseline's top-2 logit margin (lookahead_core/numerics.py: `near_tie` "
         "below the dtype's tolerance, else `mismatch`).\n\n" + to_markdown(divergence_table(df)),
+        *(["## Spec-Bench layout\n\nSpeedup over the baseline per task (ratio of summed wall time, prefill "
+            "included, as Spec-Bench times a generation), mean accepted tokens per step, overall; the last row "
+            "counts the turns per column.\n\n" + leaderboard_markdown(leaderboard(df[df["dataset"] == "specbench"]))]
+          if (df["dataset"] == "specbench").any() else []),
         "## Plots\n\n" + "\n".join(f"![{p.stem}]({p.name})" for p in plots if p is not None),
     ]
     report = out / "report.md"
@@ -287,6 +321,110 @@ def rouge_table(table: pd.DataFrame) -> pd.DataFrame:
                               "items": row["items"], "ROUGE": kind, "decoder": cell(row, kind),
                               "baseline": cell(row, f"{kind}_base"), "difference": cell(row, f"{kind}_diff")})
     return pd.DataFrame(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# One job's summary (printed at the end of every run), Spec-Bench's leaderboard
+
+
+def job_summary(path: Path) -> str:
+    """The table of one results CSV, its plot (written beside it) and a line on what it means."""
+    df = load_results([path])
+    table = summarize(df)
+    plot = plot_job(table, path.with_suffix(".png"))
+    parts = [to_markdown(table, SUMMARY_COLUMNS)]
+    if (df["dataset"] == "specbench").any():
+        parts.append("Spec-Bench layout (speedup over the baseline per task, ratio of summed wall time):\n\n"
+                     + leaderboard_markdown(leaderboard(df)))
+    if plot is not None:
+        parts.append(f"plot: {plot}")
+    parts.append(verdict(table))
+    return "\n\n".join(parts)
+
+
+def plot_job(table: pd.DataFrame, path: Path) -> Path | None:
+    """Speedup over the baseline per decoder, with S and pass@1 (where scored) on the bars."""
+    rows = table[table.get("speedup", pd.Series(dtype=float)).notna()] if "speedup" in table else table.iloc[0:0]
+    if rows.empty:
+        return None
+    fig, ax = _figure(figsize=(max(4.0, 1.1 * len(rows) + 1.5), 3.6))
+    ax.bar(rows["decoder"], rows["speedup"], color="tab:blue")
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    for x, (_, r) in enumerate(rows.iterrows()):
+        note = f"{r['speedup']:.2f}x\nS={r['S']:.2f}"
+        if "pass@1" in r and pd.notna(r["pass@1"]):
+            note += f"\npass@1={r['pass@1']:.2f}"
+        ax.annotate(note, (x, r["speedup"]), ha="center", va="bottom", fontsize=7)
+    base = rows["against"].iloc[0] if "against" in rows else "the baseline"
+    first = rows.iloc[0]
+    ax.set(ylabel=f"speedup over {base} (decode time)", ylim=(0, max(1.3, rows["speedup"].max() * 1.35)),
+           title=f"{first['experiment']} / {first['model']}, {int(rows['items'].max())} items")
+    return _save(fig, path)
+
+
+def verdict(table: pd.DataFrame) -> str:
+    """One line on what the speedups mean on the machine that measured them."""
+    if "speedup" not in table or table["speedup"].isna().all():
+        return "Only the baseline ran: nothing to compare."
+    rows = table[table["speedup"].notna()]
+    best = rows.loc[rows["speedup"].idxmax()]
+    base = best.get("against", "the baseline")
+    line = (f"On this {best['device']} machine {best['decoder']} is fastest at {best['speedup']:.2f}x {base} "
+            f"({best['S']:.2f} tokens per forward)")
+    if best["speedup"] < 1:
+        line = f"On this {best['device']} machine nothing beats {base}; the best is {best['decoder']} at {best['speedup']:.2f}x"
+    slow = rows[(rows["S"] > 1.05) & (rows["speedup"] < 1)]
+    if len(slow):
+        worst = slow.loc[slow["speedup"].idxmin()]
+        line += (f"; {worst['decoder']} commits {worst['S']:.2f} tokens per forward yet runs at {worst['speedup']:.2f}x: "
+                 "on this device what a step adds (a wider forward, or a draft model's forwards) costs more "
+                 "than the forwards it saves (on a GPU a forward of tens of tokens costs about what one of "
+                 "one token does, so S turns into speedup)")
+    return line + "."
+
+
+def leaderboard(df: pd.DataFrame) -> pd.DataFrame:
+    """Spec-Bench's leaderboard layout: per decoder, the speedup over the baseline on each task
+    (ratio of summed wall time, prefill included, as Spec-Bench times a generation), the mean
+    accepted tokens per step (tokens after the first / verification forwards) and overall; the
+    ``prompts`` row gives each column's turn count."""
+    from .datasets import SPEC_BENCH_TASKS
+
+    task_of = {category: task for task, categories in SPEC_BENCH_TASKS.items() for category in categories}
+    df = df.assign(task=df["category"].map(task_of))
+    base = df[df["baseline"].fillna(False)]
+    lines = []
+    for decoder, rows in df[~df["baseline"].fillna(False)].groupby("decoder", sort=False):
+        paired = rows.merge(base, on=PAIR, suffixes=("", "_base"))
+        line: dict[str, object] = {"decoder": decoder}
+        for task in SPEC_BENCH_TASKS:
+            part = paired[paired["task"] == task]
+            line[task] = _ratio(part["wall_s_base"].sum(), part["wall_s"].sum()) if len(part) else None
+        steps = rows["steps"].sum()
+        line["#Mean Accepted Tokens"] = (rows["new_tokens"] - 1).clip(lower=0).sum() / steps if steps else 1.0
+        line["Overall"] = _ratio(paired["wall_s_base"].sum(), paired["wall_s"].sum())
+        lines.append(line)
+    counts = {"decoder": "turns per column"}
+    counts.update({task: int((base["task"] == task).sum()) for task in SPEC_BENCH_TASKS})
+    counts.update({"#Mean Accepted Tokens": None, "Overall": len(base)})
+    return pd.DataFrame([*lines, counts])
+
+
+def leaderboard_markdown(table: pd.DataFrame) -> str:
+    """The leaderboard as Spec-Bench prints it: speedups as ``1.23x``, turn counts as integers."""
+    def cell(value: object, column: str, counts: bool) -> str:
+        if value is None or pd.isna(value):
+            return ""
+        if counts:
+            return str(int(value))
+        return f"{value:.2f}" if column == "#Mean Accepted Tokens" else f"{value:.2f}x"
+
+    shown = table.astype(object).copy()
+    for index, row in table.iterrows():
+        counts = row["decoder"] == "turns per column"
+        for column in table.columns[1:]:
+            shown.at[index, column] = cell(row[column], column, counts)
+    return shown.to_markdown(index=False)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -1,16 +1,18 @@
-"""The benchmark runner: one model, one dataset subset, the baseline and one decoder, one CSV.
+"""The one harness: a model, a dataset subset, a baseline and any number of decoders, one CSV.
 
-For every item (and every turn of multi-turn items) the baseline and the decoder under test run
-back to back, in an order that alternates per item so that neither always sees the warmer caches.
-Each conversation keeps its own :class:`DecodeState`, so turn 2 follows that decoder's own first
-answer and reuses its KV cache. One CSV row per item, turn and decoder is appended as soon as the
-item finishes; a rerun of the same command skips finished items. Aggregates are computed by
-:mod:`experiments.report`, never here: the summary printed at the end is the report's.
+For every item (and every turn of multi-turn items) every decoder runs back to back, in an order
+rotated by one per item so that none always sees the warmer caches, after an untimed warm-up of
+each. Every call is timed the same way, whatever the decoder (this project's loop or transformers'
+``generate``): forward hooks on the model count its forwards and time each one, so ``prefill_s`` is
+the first forward, ``decode_s`` = wall clock - prefill, ``steps`` = forwards - 1 and
+``overhead_frac`` = share of ``decode_s`` outside the model. Each conversation keeps its own
+state, so turn 2 follows that decoder's own first answer (core decoders also reuse its KV cache).
+One CSV row per item, turn and decoder is appended as soon as the item finishes; a rerun of the
+same command skips finished items. Aggregates are :mod:`experiments.report`'s, never computed here.
 """
 
 from __future__ import annotations
 
-import copy
 import csv
 import io
 import json
@@ -18,8 +20,9 @@ import os
 import re
 import statistics
 import time
+from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,29 +32,36 @@ from jinja2 import TemplateError
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from lookahead_core import DecodeLimits, DecodeOutput, DecodeState, SamplingConfig, decode, divergence
+from lookahead_core import CausalLM, DecodeLimits, DecodeState, SamplingConfig, divergence
 from lookahead_core import models as model_loader
 
-from . import autotune, report, sandbox
-from .datasets import DatasetAdapter, Item, get_dataset, repo_root
+from . import report
+from .datasets import DatasetAdapter, Item, repo_root
+from .decoders import Decoder, Generation
 from .metrics import extract_code, rouge_scores, truncate_at_stop
 from .sandbox import check_classeval, check_humaneval, check_mbpp
-from .schema import ConfigError, Decoder, PromptFormat, RunSettings, to_settings, with_eos
+from .schema import PromptFormat, RunSettings, load_items, plan, with_eos
 from .tiny_tokenizer import ByteTokenizer
 
-COLUMNS: tuple[str, ...] = (
-    # what ran
-    "experiment", "dataset", "item_id", "turn", "model", "dtype", "device",
-    "decoder", "baseline", "config", "settings", "W", "N", "G", "prompt_pool", "pool_only",
-    "temperature", "top_k", "top_p", "seed", "max_new_tokens", "torch", "transformers", "git_commit",
-    # how it went
-    "prompt_tokens", "prefill_tokens", "new_tokens", "steps", "S", "accepted_hist", "step_tokens_mean",
-    "prefill_s", "decode_s", "wall_s", "tokens_per_s", "overhead_frac",
-    # what came out
-    "matches_greedy", "first_diff", "diff_margin", "diff_verdict", "rouge1", "rouge2", "rougeL", "passed",
-    "sandbox", "text",
-)  # fmt: skip
-CODE_DATASETS = ("humaneval", "mbpp", "classeval")
+# The row schema, in one place. A column added here is written by every job; fill it in
+# ``make_row`` (what ran, how it went), ``compare_to_baseline`` or ``score`` (what came out).
+# Files written with fewer columns are read back and rewritten with these (ResultStore).
+COLUMN_GROUPS: dict[str, tuple[str, ...]] = {
+    "what ran": (
+        "experiment", "dataset", "item_id", "category", "turn", "model", "dtype", "device",
+        "decoder", "family", "baseline", "config", "settings", "W", "N", "G", "prompt_pool", "pool_only",
+        "prompt_lookup", "assistant", "params", "temperature", "top_k", "top_p", "seed", "max_new_tokens",
+        "threads", "repeats", "order", "load_avg", "torch", "transformers", "git_commit",
+    ),
+    "how it went": (
+        "prompt_tokens", "prefill_tokens", "new_tokens", "forwards", "steps", "S", "accepted_hist",
+        "step_tokens_mean", "step_tokens_hist", "draft_acceptance", "prefill_s", "decode_s", "wall_s", "tokens_per_s",
+        "model_s", "overhead_frac",
+    ),
+    "what came out": ("matches_greedy", "first_diff", "diff_margin", "diff_verdict", "rouge1", "rouge2", "rougeL",
+                      "passed", "sandbox", "text"),
+}  # fmt: skip
+COLUMNS: tuple[str, ...] = tuple(column for group in COLUMN_GROUPS.values() for column in group)
 
 SUMMARISATION = ("cnndm", "xsum")
 WARMUP_TOKENS = 16
@@ -59,37 +69,42 @@ WARMUP_TOKENS = 16
 
 def run(cfg: DictConfig) -> Path:
     """Run the composed config; returns the CSV path. Fails on a bad config before loading anything."""
-    settings = to_settings(cfg, device=resolve_device(cfg.device))
-    adapter = get_dataset(settings.dataset.name, **settings.dataset.options)
-    items = adapter.load(settings.data_root, settings.dataset.limit, settings.dataset.offset,
-                         settings.dataset.source.value)
-    _check_prompt_format(items, settings.prompt_format)
-    if settings.item_temperature and not any("temperature" in item.extra for item in items):
-        raise ConfigError(f"decoding.item_temperature: {settings.dataset.name} items carry no temperature "
-                          "(only mtbench does)")
-    if settings.score and settings.dataset.name in CODE_DATASETS:
-        sandbox.require(settings.sandbox)  # before any model loads: fails saying what to install
-    plan = {item.item_id: expected_keys(adapter, item, settings) for item in items}
-    store = ResultStore(settings.results_path(), plan)
+    settings, adapter, items = plan(cfg)
+    return run_job(settings, adapter, items)
+
+
+def run_job(settings: RunSettings, adapter: DatasetAdapter, items: list[Item]) -> Path:
+    settings = replace(settings, device=resolve_device(settings.device))
+    plan_keys = {item.item_id: expected_keys(adapter, item, settings) for item in items}
+    store = ResultStore(settings.results_path(), plan_keys)
     # The index in the subset (not in the to-do list) sets the decoder order, so a resumed run
     # measures each item exactly as an uninterrupted one would.
     todo = [(index, item) for index, item in enumerate(items) if item.item_id not in store.finished]
-    print(f"{settings.experiment} / {settings.model.name} / {settings.config_tag}: "
-          f"{len(items) - len(todo)} of {len(items)} items already in {store.path}")
+    label = f"{settings.experiment}/{settings.model.name}/{settings.config_tag}"
+    print(f"{label}: {len(items) - len(todo)} of {len(items)} items already in {store.path}")
     if todo:
-        session = Session.start(settings, adapter)
-        if settings.auto is not None:
-            session.settings = choose_auto(session, items, store.path.with_suffix(".auto.json"))
-        session.warm_up(todo[0][1])
-        progress = Progress(len(todo), f"{settings.experiment}/{settings.model.name}/{settings.config_tag}")
-        for index, item in todo:
-            rows = run_item(session, item, index)
-            store.append(rows)
-            progress.update(rows)
-        progress.close()
-    rows = report.load_results([store.path])
-    print(report.to_markdown(report.summarize(rows), report.SUMMARY_COLUMNS))
-    check_lossless(rows, store.path)
+        started = time.perf_counter()
+        job = Job.start(settings, adapter, items)
+        for decoder in settings.decoders:
+            decoder.prepare(job)
+        job.warm_up(todo[0][1])
+        progress = Progress(len(todo), label, settings.baseline.name)
+        longest = 0.0
+        try:
+            for index, item in todo:
+                if settings.time_budget and time.perf_counter() - started + longest > settings.time_budget:
+                    print(f"time budget of {settings.time_budget:g} s reached: rerun the command to resume")
+                    break
+                item_start = time.perf_counter()
+                rows = run_item(job, item, index)
+                store.append(rows)
+                progress.update(rows)
+                longest = max(longest, time.perf_counter() - item_start)
+        finally:
+            progress.close()
+            job.meter.close()
+    print(report.job_summary(store.path))
+    check_lossless(report.load_results([store.path]), store.path)
     return store.path
 
 
@@ -105,56 +120,6 @@ def check_lossless(rows, path: Path) -> None:
         where = ", ".join(f"{r.item_id} turn {r.turn} ({r.decoder}, token {int(r.first_diff)}, margin "
                           f"{r.diff_margin:.3g})" for r in bad.itertuples())
         raise LosslessnessError(f"{len(bad)} fp32 rows of {path} depart from greedy at a confident token: {where}")
-
-
-def divergence_columns(model: Any, prompts: dict[str, list[int]], baseline: str, decoder: str,
-                       baseline_tokens: list[int], tokens: list[int]) -> dict[str, Any]:
-    """``first_diff``, ``diff_margin``, ``diff_verdict`` of a greedy row that differs from its baseline.
-
-    When the two conversations already differed in an earlier turn, this turn's prompts differ
-    too: the verdict is ``earlier_turn`` (the earlier turn's row has the real one), with no margin.
-    """
-    if prompts[decoder] != prompts[baseline]:
-        first = next((i for i, (a, b) in enumerate(zip(baseline_tokens, tokens)) if a != b),
-                     min(len(baseline_tokens), len(tokens)))
-        return {"first_diff": first, "diff_margin": None, "diff_verdict": "earlier_turn"}
-    found = divergence(model, prompts[baseline], baseline_tokens, tokens)
-    return {"first_diff": found.position, "diff_margin": found.margin, "diff_verdict": found.verdict}
-
-
-def choose_auto(session: Session, items: Sequence[Item], record_path: Path) -> RunSettings:
-    """``decoding=auto``: the settings with the candidate decoder replaced by the cost model's pick.
-
-    Calibration uses first turns of items outside the evaluated range (right after it, else right
-    before it); only when the run covers the whole dataset does it fall back to its first items,
-    and says so. The record is saved at ``record_path`` and reloaded by a rerun.
-    """
-    settings = session.settings
-    assert settings.auto is not None
-    calibration = calibration_items(session.adapter, settings, items)
-    prompts = [session.prompt_ids(item, 0, ()) for item in calibration]
-    limits = replace(settings.limits, max_new_tokens=settings.auto.calibration_tokens)
-    sampling = None if settings.sampling.greedy else settings.sampling
-    record = autotune.calibrate(session.model, prompts, limits, record_path, sampling=sampling)
-    chosen = autotune.chosen_config(record, seed=settings.seed)
-    print(f"decoding=auto chose {record['chosen']} (calibration record: {record_path})")
-    return replace(settings, candidate=Decoder("auto", chosen))
-
-
-def calibration_items(adapter: DatasetAdapter, settings: RunSettings, items: Sequence[Item]) -> list[Item]:
-    """``calibration_items`` items not in ``items``: the ones after the range, else before it."""
-    assert settings.auto is not None
-    want, dataset = settings.auto.calibration_items, settings.dataset
-    root, source = settings.data_root, dataset.source.value
-    after = adapter.load(root, want, dataset.offset + len(items), source)
-    before = adapter.load(root, min(want, dataset.offset), max(0, dataset.offset - want), source) \
-        if dataset.offset else []
-    chosen = (list(after) + list(before))[:want]
-    if not chosen:
-        print(f"decoding=auto: every item of {dataset.name} is evaluated; calibrating on the first "
-              f"{want} of them (in-sample)")
-        chosen = list(items[:want])
-    return chosen
 
 
 def resolve_device(device: str) -> str:
@@ -180,85 +145,162 @@ def num_turns(adapter: DatasetAdapter, item: Item, settings: RunSettings) -> int
     return min(adapter.num_turns(item), settings.dataset.turns or adapter.num_turns(item))
 
 
-def _check_prompt_format(items: Sequence[Item], prompt_format: PromptFormat) -> None:
-    field = "turns" if prompt_format is PromptFormat.chat else "prompt"
-    lacking = [item.item_id for item in items if getattr(item, field) is None]
-    if lacking:
-        raise ConfigError(f"dataset.prompt_format: {prompt_format.value} needs items with {field}; "
-                          f"{items[0].dataset} item {lacking[0]} has none")
+def calibration_items(adapter: DatasetAdapter, settings: RunSettings, items: Sequence[Item], want: int,
+                      offset: int | None = None) -> list[Item]:
+    """``want`` items not in ``items`` (for ``auto``): from ``offset`` if given, else the ones right
+    after the evaluated range, else before it; only when the job covers the whole dataset its
+    first items (in-sample), which it says."""
+    if offset is not None:
+        return load_items(settings, adapter, want, offset)
+    dataset = settings.dataset
+    after = load_items(settings, adapter, want, dataset.offset + len(items))
+    before = load_items(settings, adapter, min(want, dataset.offset), max(0, dataset.offset - want)) \
+        if dataset.offset else []
+    chosen = (list(after) + list(before))[:want]
+    if not chosen:
+        print(f"auto: every item of {dataset.name} is evaluated; calibrating on the first {want} of them (in-sample)")
+        chosen = list(items[:want])
+    return chosen
 
 
 # ---------------------------------------------------------------------------------------------
-# The model session: prompts, timed decodes, rows
+# Timing: forward hooks, the same for every decoder
+
+
+class ForwardMeter:
+    """Forward hooks on the model: how many forwards a call made and how long each took.
+
+    Forwards that run fewer layers than the model has (transformers' early-exit drafts run the
+    same module) are drafts, not verification steps: they are not counted as forwards.
+    """
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.durations: list[float] = []
+        self._start = 0.0
+        self._config = model.config
+        self._layers = getattr(model.config, "num_hidden_layers", None)
+        self._sync = model.device.type == "cuda"
+        self._handles = [model.register_forward_pre_hook(self._before), model.register_forward_hook(self._after)]
+
+    def _before(self, module, args) -> None:
+        if self._sync:
+            torch.cuda.synchronize()
+        self._start = time.perf_counter()
+
+    def _after(self, module, args, output) -> None:
+        if self._sync:
+            torch.cuda.synchronize()
+        if getattr(self._config, "num_hidden_layers", None) == self._layers:
+            self.durations.append(time.perf_counter() - self._start)
+
+    def reset(self) -> None:
+        self.durations = []
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()
 
 
 @dataclass
-class Session:
-    """A loaded model with what every row repeats (versions, commit)."""
+class Timed:
+    """One decoder's result on one prompt: the first repeat's output, each time the median over repeats."""
+
+    output: Generation
+    prompt_tokens: int
+    wall_s: float
+    prefill_s: float
+    model_s: float              # the model's forwards after the prefill
+    forwards: int
+
+    @property
+    def decode_s(self) -> float:
+        return self.wall_s - self.prefill_s
+
+
+# ---------------------------------------------------------------------------------------------
+# The job: a loaded model, prompts, timed calls
+
+
+@dataclass
+class Job:
+    """A loaded model with what every row repeats (versions, commit); decoders reach it in prepare/generate."""
 
     settings: RunSettings
     adapter: DatasetAdapter
+    items: list[Item]
     model: Any
     tokenizer: Any
+    lm: CausalLM
+    meter: ForwardMeter
+    pad_token_id: int
     constants: dict[str, Any]
+    assistants: dict[str, tuple[Any, Any]] = field(default_factory=dict)
 
     @classmethod
-    def start(cls, settings: RunSettings, adapter: DatasetAdapter) -> Session:
+    def start(cls, settings: RunSettings, adapter: DatasetAdapter, items: list[Item]) -> Job:
         if settings.threads is not None:
             torch.set_num_threads(settings.threads)
+        model, tokenizer = cls._load(settings, settings.model.spec)
+        settings = with_eos(settings, eos_token_ids(model, tokenizer, settings.model.extra_eos_token_ids))
+        eos = settings.limits.eos_token_ids
+        pad = model.generation_config.pad_token_id
+        pad = pad if pad is not None else (eos[0] if eos else 0)
         spec = settings.model
-        model, tokenizer = model_loader.load_model(
-            spec.spec, dtype=spec.dtype.value, device=settings.device,
-            attn_implementation=spec.attn_implementation.value, cache_dir=spec.cache_dir,
-        )
-        if tokenizer is None:  # tiny random test models ship none
-            tokenizer = ByteTokenizer(model.config.vocab_size)
-        settings = with_eos(settings, eos_token_ids(model, tokenizer, spec.extra_eos_token_ids))
         constants = {
             "experiment": settings.experiment, "dataset": settings.dataset.name, "model": spec.name,
             "dtype": spec.dtype.value, "device": settings.device, "config": settings.config_tag,
-            "settings": settings.fingerprint(),
-            "top_k": settings.sampling.top_k, "top_p": settings.sampling.top_p, "seed": settings.seed,
-            "max_new_tokens": settings.limits.max_new_tokens, "torch": torch.__version__,
+            "settings": settings.fingerprint(), "top_k": settings.sampling.top_k, "top_p": settings.sampling.top_p,
+            "seed": settings.seed, "max_new_tokens": settings.limits.max_new_tokens,
+            "threads": torch.get_num_threads(), "repeats": settings.repeats, "torch": torch.__version__,
             "transformers": transformers.__version__, "git_commit": git_commit(repo_root()),
         }
-        return cls(settings, adapter, model, tokenizer, constants)
+        return cls(settings, adapter, items, model, tokenizer, CausalLM(model), ForwardMeter(model), pad, constants)
+
+    @staticmethod
+    def _load(settings: RunSettings, spec: str) -> tuple[Any, Any]:
+        model_config = settings.model
+        model, tokenizer = model_loader.load_model(
+            spec, dtype=model_config.dtype.value, device=settings.device,
+            attn_implementation=model_config.attn_implementation.value, cache_dir=model_config.cache_dir,
+        )
+        if tokenizer is None:  # tiny random test models ship none
+            tokenizer = ByteTokenizer(model.config.vocab_size)
+        return model, tokenizer
+
+    def load_assistant(self, spec: str) -> tuple[Any, Any]:
+        """A draft model (and its tokenizer, None for tiny models), loaded once per job."""
+        if spec not in self.assistants:
+            model, tokenizer = self._load(self.settings, spec)
+            self.assistants[spec] = (model, None if isinstance(tokenizer, ByteTokenizer) else tokenizer)
+        return self.assistants[spec]
+
+    def calibration_items(self, want: int, offset: int | None = None) -> list[Item]:
+        return calibration_items(self.adapter, self.settings, self.items, want, offset)
+
+    def auto_record_path(self, name: str = "auto") -> Path:
+        return self.settings.results_path().with_suffix(f".{name}.json")
 
     def prompt_ids(self, item: Item, turn_index: int, answers: Sequence[str]) -> list[int]:
-        """The whole conversation up to turn ``turn_index``'s generation prompt, as token ids."""
-        if self.settings.prompt_format is PromptFormat.raw:
-            return list(self.tokenizer.encode(self.adapter.raw_prompt(item)))
-        prefix = item.extra.get("assistant_prefix", "")
-        if getattr(self.tokenizer, "chat_template", None):
-            text = self._apply_chat_template(item, turn_index, answers) + prefix
-            return list(self.tokenizer.encode(text, add_special_tokens=False))  # the template has BOS
-        messages = self.adapter.build_messages(item, turn_index, answers)
-        return list(self.tokenizer.encode(plain_transcript(messages) + prefix))
-
-    def _apply_chat_template(self, item: Item, turn_index: int, answers: Sequence[str]) -> str:
-        def render(system_role: bool) -> str:
-            messages = self.adapter.build_messages(item, turn_index, answers, system_role=system_role)
-            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-
-        try:
-            return render(system_role=True)
-        except TemplateError:  # templates such as Gemma's reject a system message
-            return render(system_role=False)
+        return prompt_ids(self.adapter, self.tokenizer, self.settings.prompt_format, item, turn_index, answers)
 
     def sampling(self, item: Item) -> SamplingConfig:
-        """The run's sampling settings, at the item's own temperature with ``item_temperature``."""
+        """The job's sampling settings, at the item's own temperature with ``item_temperature``."""
         sampling = self.settings.sampling
         if self.settings.item_temperature and "temperature" in item.extra:
             sampling = replace(sampling, temperature=float(item.extra["temperature"]))
         return sampling
 
-    def decode_once(self, ids: list[int], decoder: Decoder, state: DecodeState | None,
-                    limits: DecodeLimits | None = None,
-                    sampling: SamplingConfig | None = None) -> tuple[DecodeOutput, float]:
+    def timed(self, decoder: Decoder, ids: list[int], state: Any, limits: DecodeLimits | None = None,
+              sampling: SamplingConfig | None = None) -> Timed:
+        """One call of ``decoder``, timed by the forward hooks."""
+        self.meter.reset()
+        _sync(self.model)
         start = time.perf_counter()
-        out = decode(self.model, ids, decoder.lookahead, limits or self.settings.limits,
-                     sampling or self.settings.sampling, state=state, tokenizer=self.tokenizer)
-        return out, time.perf_counter() - start
+        output = decoder.generate(self, ids, state, limits or self.settings.limits, sampling or self.settings.sampling)
+        _sync(self.model)
+        wall = time.perf_counter() - start
+        durations = self.meter.durations
+        return Timed(output, len(ids), wall, durations[0] if durations else 0.0, sum(durations[1:]), len(durations))
 
     def warm_up(self, item: Item) -> None:
         """Untimed short decodes of each decoder, so the first timed item pays no one-off costs."""
@@ -267,57 +309,81 @@ class Session:
                               self.settings.limits.eos_token_ids)
         for _ in range(self.settings.warmup):
             for decoder in self.settings.decoders:
-                self.decode_once(ids, decoder, None, limits, self.sampling(item))
+                self.timed(decoder, ids, None, limits, self.sampling(item))
 
     def text(self, tokens: list[int]) -> str:
         return self.tokenizer.decode(tokens, skip_special_tokens=True)
 
 
-@dataclass
-class Timed:
-    """One decoder's result on one prompt: the first repeat's output, each time the median over repeats."""
+def prompt_ids(adapter: DatasetAdapter, tokenizer: Any, prompt_format: PromptFormat, item: Item, turn_index: int,
+               answers: Sequence[str]) -> list[int]:
+    """The whole conversation up to turn ``turn_index``'s generation prompt, as token ids: the
+    model's chat template (a plain transcript without one), or the raw prompt verbatim."""
+    if prompt_format is PromptFormat.raw:
+        return list(tokenizer.encode(adapter.raw_prompt(item)))
+    prefix = item.extra.get("assistant_prefix", "")
+    if getattr(tokenizer, "chat_template", None):
+        def render(system_role: bool) -> str:
+            messages = adapter.build_messages(item, turn_index, answers, system_role=system_role)
+            return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
-    output: DecodeOutput
-    prompt_tokens: int
-    prefill_s: float
-    decode_s: float
-    wall_s: float
+        try:
+            text = render(system_role=True)
+        except TemplateError:  # templates such as Gemma's reject a system message
+            text = render(system_role=False)
+        return list(tokenizer.encode(text + prefix, add_special_tokens=False))  # the template has BOS
+    messages = adapter.build_messages(item, turn_index, answers)
+    return list(tokenizer.encode(plain_transcript(messages) + prefix))
 
 
-def run_item(session: Session, item: Item, index: int) -> list[dict[str, Any]]:
+def _sync(model) -> None:
+    if model.device.type == "cuda":
+        torch.cuda.synchronize(model.device)
+
+
+def rotated(decoders: Sequence[Decoder], index: int) -> list[Decoder]:
+    shift = index % len(decoders)
+    return list(decoders[shift:]) + list(decoders[:shift])
+
+
+def run_item(job: Job, item: Item, index: int) -> list[dict[str, Any]]:
     """Every turn of one item with each decoder; returns its rows (baseline rows first)."""
-    settings = session.settings
+    settings = job.settings
     decoders = settings.decoders
-    sampling = session.sampling(item)
-    order = decoders if index % 2 == 0 else decoders[::-1]
-    states: dict[str, DecodeState | None] = {d.name: None for d in decoders}
+    sampling = job.sampling(item)
+    order = rotated(decoders, index)
+    states: dict[str, Any] = {d.name: None for d in decoders}
     answers: dict[str, list[str]] = {d.name: [] for d in decoders}
     rows = []
-    for turn_index in range(num_turns(session.adapter, item, settings)):
-        prompts = {d.name: session.prompt_ids(item, turn_index, answers[d.name]) for d in decoders}
-        outputs: dict[str, DecodeOutput] = {}
-        seconds: dict[str, list[tuple[float, float, float]]] = {d.name: [] for d in decoders}
+    for turn_index in range(num_turns(job.adapter, item, settings)):
+        prompts = {d.name: job.prompt_ids(item, turn_index, answers[d.name]) for d in decoders}
+        runs: dict[str, list[Timed]] = {d.name: [] for d in decoders}
         for _ in range(settings.repeats):
             for decoder in order:
                 state = states[decoder.name]
                 # Each repeat must start from the same conversation: decode() extends the cache.
-                state = copy.deepcopy(state) if state is not None and settings.repeats > 1 else state
-                out, wall = session.decode_once(prompts[decoder.name], decoder, state, sampling=sampling)
-                outputs.setdefault(decoder.name, out)   # every repeat yields the same tokens (seeded)
-                seconds[decoder.name].append((out.stats.prefill_seconds, out.stats.decode_seconds, wall))
-        results = {name: Timed(outputs[name], len(prompts[name]), *map(statistics.median, zip(*seconds[name])))
-                   for name in outputs}
+                if isinstance(state, DecodeState) and settings.repeats > 1:
+                    state = state.copy()
+                runs[decoder.name].append(job.timed(decoder, prompts[decoder.name], state, sampling=sampling))
+        results = {name: _median(timed) for name, timed in runs.items()}
         for decoder in decoders:
             states[decoder.name] = results[decoder.name].output.state
-            answers[decoder.name].append(session.text(results[decoder.name].output.tokens))
-        rows += _turn_rows(session, item, turn_index + 1, results, answers, sampling, prompts)
+            answers[decoder.name].append(job.text(results[decoder.name].output.tokens))
+        rows += _turn_rows(job, item, turn_index + 1, results, answers, sampling, order, prompts)
     return rows
 
 
-def _turn_rows(session: Session, item: Item, turn: int, results: dict[str, Timed],
-               answers: dict[str, list[str]], sampling: SamplingConfig,
-               prompts: dict[str, list[int]]) -> list[dict[str, Any]]:
-    settings = session.settings
+def _median(runs: list[Timed]) -> Timed:
+    """The first repeat's output (every repeat yields the same tokens: seeded) with median times."""
+    first = runs[0]
+    return replace(first, wall_s=statistics.median(t.wall_s for t in runs),
+                   prefill_s=statistics.median(t.prefill_s for t in runs),
+                   model_s=statistics.median(t.model_s for t in runs))
+
+
+def _turn_rows(job: Job, item: Item, turn: int, results: dict[str, Timed], answers: dict[str, list[str]],
+               sampling: SamplingConfig, order: list[Decoder], prompts: dict[str, list[int]]) -> list[dict[str, Any]]:
+    settings = job.settings
     baseline = results[settings.baseline.name].output.tokens
     scores: dict[tuple[int, ...], dict[str, Any]] = {}
     rows = []
@@ -326,49 +392,77 @@ def _turn_rows(session: Session, item: Item, turn: int, results: dict[str, Timed
         tokens = timed.output.tokens
         text = answers[decoder.name][turn - 1]
         if settings.score and tuple(tokens) not in scores:  # same tokens, same score: run the sandbox once
-            scores[tuple(tokens)] = score(session.adapter, item, text, settings.prompt_format, settings.sandbox)
-        matches = None
-        if not decoder.is_baseline and sampling.greedy:  # sampled outputs differ by design
-            matches = tokens == baseline
-        diff = {} if matches is not False else divergence_columns(
-            session.model, prompts, settings.baseline.name, decoder.name, baseline, tokens)
-        rows.append({**_row(session, item, turn, decoder, timed, text, matches, scores.get(tuple(tokens), {}),
-                            sampling.temperature), **diff})
+            scores[tuple(tokens)] = score(job.adapter, item, text, settings.prompt_format, settings.sandbox)
+        row = make_row(job, item, turn, decoder, timed, sampling.temperature, order.index(decoder))
+        row.update(compare_to_baseline(job.model, prompts, settings.baseline.name, decoder.name, baseline, tokens,
+                                       decoder is settings.baseline, sampling))
+        row.update(scores.get(tuple(tokens), {}))
+        row["text"] = text
+        rows.append(row)
     return rows
 
 
-def _row(session: Session, item: Item, turn: int, decoder: Decoder, timed: Timed, text: str,
-         matches: bool | None, scores: dict[str, Any], temperature: float) -> dict[str, Any]:
+def make_row(job: Job, item: Item, turn: int, decoder: Decoder, timed: Timed, temperature: float,
+             order: int) -> dict[str, Any]:
+    """What ran and how it went: every decoder's row is assembled here, the same way."""
     stats = timed.output.stats
-    lookahead = decoder.lookahead
-    return {
-        **session.constants,
+    new = len(timed.output.tokens)
+    steps = max(timed.forwards - 1, 0)
+    decode_s = timed.decode_s
+    row = {
+        **job.constants,
         "item_id": item.item_id,
+        "category": item.extra.get("category"),
         "turn": turn,
         "decoder": decoder.name,
-        "baseline": decoder.is_baseline,
+        "family": decoder.family,
+        "baseline": decoder is job.settings.baseline,
         "temperature": temperature,                   # the item's own with item_temperature
-        "W": None if lookahead is None or lookahead.pool_only else lookahead.window,
-        "N": None if lookahead is None else lookahead.ngram,
-        "G": None if lookahead is None else lookahead.guess,
-        "prompt_pool": None if lookahead is None else lookahead.prompt_pool,
-        "pool_only": None if lookahead is None else lookahead.pool_only,
+        "order": order,
+        "load_avg": round(os.getloadavg()[0], 2),
+        **decoder.columns(),
         "prompt_tokens": timed.prompt_tokens,
-        "prefill_tokens": stats.prefill_tokens,
-        "new_tokens": stats.new_tokens,
-        "steps": stats.steps,
-        "S": stats.compression,
-        "accepted_hist": json.dumps(stats.accepted_histogram),
-        "step_tokens_mean": statistics.fmean(stats.step_tokens) if stats.step_tokens else None,
+        "prefill_tokens": stats.prefill_tokens if stats is not None else timed.prompt_tokens,
+        "new_tokens": new,
+        "forwards": timed.forwards,
+        "steps": steps,
+        "S": (new - 1) / steps if steps else 1.0,   # tokens per verification forward after the first
         "prefill_s": timed.prefill_s,
-        "decode_s": timed.decode_s,
+        "decode_s": decode_s,
         "wall_s": timed.wall_s,
-        "tokens_per_s": stats.new_tokens / timed.decode_s if timed.decode_s else None,
-        "overhead_frac": stats.overhead_fraction,
-        "matches_greedy": matches,
-        **scores,
-        "text": text,
+        "tokens_per_s": new / decode_s if decode_s > 0 else None,
+        "model_s": timed.model_s,
+        "overhead_frac": 1.0 - timed.model_s / decode_s if decode_s > 0 else None,
     }
+    if stats is not None:   # the core's own record of each step
+        row.update(
+            accepted_hist=json.dumps(stats.accepted_histogram),
+            step_tokens_mean=statistics.fmean(stats.step_tokens) if stats.step_tokens else None,
+            step_tokens_hist=json.dumps(dict(sorted(Counter(stats.step_tokens).items()))),
+            draft_acceptance=json.dumps(stats.drafts.table()),   # per draft source and depth: fed, tried, accepted
+        )
+    return row
+
+
+def compare_to_baseline(model: Any, prompts: dict[str, list[int]], baseline_name: str, name: str,
+                        baseline: list[int], tokens: list[int], is_baseline: bool,
+                        sampling: SamplingConfig) -> dict[str, Any]:
+    """Columns comparing a decoder's output with the baseline's on the same prompt: ``matches_greedy``
+    and, where a greedy output differs, ``first_diff``, ``diff_margin`` and ``diff_verdict``.
+
+    When the two conversations already differed in an earlier turn, this turn's prompts differ
+    too: the verdict is ``earlier_turn`` (the earlier turn's row has the real one), with no margin.
+    """
+    if is_baseline or not sampling.greedy:   # sampled outputs differ by design
+        return {"matches_greedy": None}
+    if tokens == baseline:
+        return {"matches_greedy": True}
+    if prompts[name] != prompts[baseline_name]:
+        first = next((i for i, (a, b) in enumerate(zip(baseline, tokens)) if a != b), min(len(baseline), len(tokens)))
+        return {"matches_greedy": False, "first_diff": first, "diff_margin": None, "diff_verdict": "earlier_turn"}
+    found = divergence(model, prompts[baseline_name], baseline, tokens)
+    return {"matches_greedy": False, "first_diff": found.position, "diff_margin": found.margin,
+            "diff_verdict": found.verdict}
 
 
 def score(adapter: DatasetAdapter, item: Item, text: str, prompt_format: PromptFormat,
@@ -432,24 +526,25 @@ def git_commit(root: Path) -> str:
 
 
 class ResultStore:
-    """The run's CSV: finished items are read back, rows of unfinished items are dropped.
+    """The job's CSV: finished items are read back, rows of unfinished items are dropped.
 
-    ``plan`` maps each item id of this run to its expected (turn, decoder) keys. Rows of items
+    ``plan`` maps each item id of this job to its expected (turn, decoder) keys. Rows of items
     outside the plan (another subset of the same settings) are kept as they are. Each item's rows
     are appended in one write and flushed, so a crash loses at most the item in progress; a row
-    torn by a crash mid-write is detected (no final newline) and dropped with its item.
+    torn by a crash mid-write is detected (no final newline) and dropped with its item. A file
+    written with fewer columns (an older version) is rewritten with today's, the new ones empty.
     """
 
     def __init__(self, path: Path, plan: dict[str, frozenset[tuple[str, str]]]) -> None:
         self.path = path
-        self._torn = self._stale_header = False
+        self._torn = self._outdated = False
         rows = self._read() if path.exists() else []
         keys: dict[str, set[tuple[str, str]]] = {}
         for row in rows:
             keys.setdefault(row["item_id"], set()).add((row["turn"], row["decoder"]))
         self.finished = {item for item, expected in plan.items() if expected <= keys.get(item, set())}
         kept = [row for row in rows if row["item_id"] not in plan or row["item_id"] in self.finished]
-        if not path.exists() or len(kept) != len(rows) or self._torn or self._stale_header:
+        if not path.exists() or len(kept) != len(rows) or self._torn or self._outdated:
             self._rewrite(kept)
 
     def _read(self) -> list[dict[str, str]]:
@@ -459,12 +554,14 @@ class ResultStore:
         if not records:
             return []
         header, body = tuple(records[0]), records[1:]
-        if header not in (COLUMNS, _COLUMNS_BEFORE_SANDBOX):
-            raise RuntimeError(f"{self.path} was written with other columns; move it away to start afresh")
-        self._stale_header = header != COLUMNS   # rewritten with the current one (old rows: no sandbox)
+        unknown = [column for column in header if column not in COLUMNS]
+        if unknown:
+            raise RuntimeError(f"{self.path} has columns this version does not write ({', '.join(unknown)}); "
+                               "move it away to start afresh")
+        self._outdated = header != COLUMNS
         if self._torn:
             body = body[:-1]
-        return [dict(zip(header, record)) for record in body]
+        return [{**dict.fromkeys(COLUMNS, ""), **dict(zip(header, record))} for record in body]
 
     def _rewrite(self, rows: list[dict[str, str]]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -479,12 +576,9 @@ class ResultStore:
             os.fsync(handle.fileno())
 
 
-_COLUMNS_BEFORE_SANDBOX = tuple(column for column in COLUMNS if column != "sandbox")
-
-
 def _render(rows: list[dict[str, Any]], header: bool = False) -> str:
     buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=COLUMNS)
+    writer = csv.DictWriter(buffer, fieldnames=COLUMNS, extrasaction="raise")
     if header:
         writer.writeheader()
     writer.writerows(rows)
@@ -492,25 +586,19 @@ def _render(rows: list[dict[str, Any]], header: bool = False) -> str:
 
 
 class Progress:
-    """A tqdm bar over items showing the running step compression S and speedup (display only)."""
+    """A tqdm bar over items showing each decoder's running speedup over the baseline (display only)."""
 
-    def __init__(self, total: int, description: str) -> None:
+    def __init__(self, total: int, description: str, baseline: str) -> None:
         self.bar = tqdm(total=total, desc=description, unit="item")
-        self.accepted = self.steps = 0
-        self.seconds = {True: 0.0, False: 0.0}   # decode seconds of baseline / candidate rows
+        self.baseline = baseline
+        self.seconds: dict[str, float] = {}
 
     def update(self, rows: list[dict[str, Any]]) -> None:
         for row in rows:
-            self.seconds[row["baseline"]] += row["decode_s"]
-            if not row["baseline"]:
-                self.accepted += row["S"] * row["steps"]
-                self.steps += row["steps"]
-        postfix = {}
-        if self.steps:
-            postfix["S"] = f"{self.accepted / self.steps:.2f}"
-        if self.seconds[False]:
-            postfix["speedup"] = f"{self.seconds[True] / self.seconds[False]:.2f}x"
-        self.bar.set_postfix(postfix)
+            self.seconds[row["decoder"]] = self.seconds.get(row["decoder"], 0.0) + row["decode_s"]
+        base = self.seconds.get(self.baseline, 0.0)
+        self.bar.set_postfix_str(", ".join(f"{name} {base / seconds:.2f}x" for name, seconds in self.seconds.items()
+                                           if name != self.baseline and seconds > 0))
         self.bar.update(1)
 
     def close(self) -> None:

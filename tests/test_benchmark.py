@@ -1,7 +1,9 @@
-"""The benchmark end to end on a tiny model (rows, table, resume, calibration), and gpu_bench --tiny."""
+"""The benchmark preset end to end on a tiny model (rows in the harness's schema, table, resume,
+calibration, token trees and --every), and gpu_bench --tiny."""
 
 from __future__ import annotations
 
+import argparse
 import csv
 import importlib.util
 import json
@@ -11,7 +13,7 @@ import pandas as pd
 import pytest
 import torch
 
-from experiments import benchmark
+from experiments import benchmark, runner
 from experiments.datasets import default_data_root, repo_root
 
 needs_data = pytest.mark.skipif(not default_data_root().is_dir(), reason="no offline data")
@@ -48,12 +50,13 @@ def read_rows(out: Path) -> pd.DataFrame:
 @needs_data
 def test_rows_columns_and_lossless(run_dir: Path):
     with open(run_dir / "rows.csv", newline="") as handle:
-        assert tuple(next(csv.reader(handle))) == benchmark.COLUMNS
+        assert tuple(next(csv.reader(handle))) == runner.COLUMNS      # the harness's one schema
     df = read_rows(run_dir)
     assert len(df) == 2 * len(DECODERS)
     assert sorted(df["decoder"].unique()) == sorted(DECODERS)
     assert df.groupby("item_id")["order"].apply(lambda o: sorted(o) == list(range(len(DECODERS)))).all()
-    assert df["matches_hf_greedy"].all() and df["matches_core_greedy"].all()
+    assert df[df["baseline"]]["decoder"].eq("hf_greedy").all() and df[~df["baseline"]]["matches_greedy"].all()
+    assert (df["experiment"] == "mtbench").all() and (df["turn"] == 1).all()
     assert (df["new_tokens"] == 12).all()                    # the tiny model has no EOS
     assert (df["decode_s"] > 0).all() and (df["decode_s"] < df["wall_s"]).all()
     core = df[df["family"] == "core"]
@@ -69,14 +72,14 @@ def test_summary_table_and_cost_model_outputs(run_dir: Path):
         assert f"| {name} |" in text or (name == "auto" and "| auto = " in text)   # auto names its pick
     assert "speedup median" in text and "decoding=auto" in text
     table = pd.read_csv(run_dir / "summary.csv")
-    assert {"tok_per_s", "tok_per_s_q1", "tok_per_s_q3", "S", "speedup_median", "speedup_sum", "overhead",
+    assert {"tok_s_median", "tok_s_q1", "tok_s_q3", "S", "speedup_median", "speedup_sum", "overhead",
             "match_hf_greedy"} <= set(table.columns)
     assert table.set_index("decoder").loc["hf_greedy", "speedup_sum"] == pytest.approx(1.0)
     assert (table["match_hf_greedy"] == 1.0).all()
     pvm = pd.read_csv(run_dir / "predicted_vs_measured.csv")
     assert {"la_N3W3G3", "la_N3W3G3_pool", "pool_N3G2"} <= set(pvm["decoder"])
     assert (pvm[["predicted_calibration", "predicted_oracle_S", "measured"]] > 0).all().all()
-    for name in ("speedup.png", "predicted_vs_measured.png", "latency.csv", "calibration.csv"):
+    for name in ("speedup.png", "predicted_vs_measured.png", "latency.csv", "calibration.csv", "rows.auto.json"):
         assert (run_dir / name).stat().st_size > 0
 
 
@@ -95,34 +98,43 @@ def test_rerun_resumes(run_dir: Path):
 
 def test_summarize_by_hand():
     def row(item, decoder, decode_s, steps, new=5):
-        return {"dataset": "d", "item_id": item, "decoder": decoder, "family": "core" if decoder != "hf_greedy" else "hf",
-                "N": None, "W": None, "G": None, "new_tokens": new, "steps": steps, "tokens_per_s": new / decode_s,
-                "decode_s": decode_s, "wall_s": decode_s + 1.0, "core_decode_s": decode_s, "overhead_frac": 0.1,
-                "matches_hf_greedy": True, "matches_core_greedy": True, "step_tokens_mean": 1.0}
+        record = dict.fromkeys(runner.COLUMNS)
+        record.update(experiment="e", dataset="d", item_id=item, turn=1, seed=0, model="m", device="cpu",
+                      dtype="float32", config="c", settings="h", decoder=decoder, baseline=decoder == "hf_greedy",
+                      family="hf" if decoder == "hf_greedy" else "core", max_new_tokens=8, new_tokens=new,
+                      steps=steps, forwards=steps + 1, tokens_per_s=new / decode_s, decode_s=decode_s,
+                      wall_s=decode_s + 1.0, overhead_frac=0.1, matches_greedy=None if decoder == "hf_greedy" else True)
+        return record
 
     df = pd.DataFrame([row("1", "hf_greedy", 4.0, 4), row("2", "hf_greedy", 2.0, 4),
                        row("1", "core_greedy", 2.0, 4), row("2", "core_greedy", 2.0, 4)])
-    for column in ("matches_hf_greedy", "matches_core_greedy"):
+    for column in ("matches_greedy", "baseline", "passed"):
         df[column] = df[column].astype("boolean")
     table = benchmark.summarize(df).set_index("decoder")
+    assert list(table.index) == ["hf_greedy", "core_greedy"]
     assert table.loc["core_greedy", "speedup_median"] == pytest.approx(1.5)    # ratios 2 and 1
     assert table.loc["core_greedy", "speedup_sum"] == pytest.approx(6.0 / 4.0)
     assert table.loc["core_greedy", "speedup_e2e"] == pytest.approx(8.0 / 6.0)
     assert table.loc["core_greedy", "S"] == pytest.approx(1.0)
+    assert table.loc["hf_greedy", "speedup_sum"] == 1.0 and table.loc["core_greedy", "match_hf_greedy"] == 1.0
 
 
-def test_decoder_order_rotates_and_names_parse():
-    decoders = benchmark.build_decoders([(5, 7, 7)], "both", [(4, 1)], [10])
-    assert [d.name for d in decoders] == ["hf_greedy", "hf_pld_k10", "core_greedy", "la_N5W7G7", "la_N5W7G7_pool",
-                                          "pool_N4G1"]
-    la = decoders[3].lookahead
-    assert (la.ngram, la.window, la.guess, la.prompt_pool) == (5, 7, 7, False)
-    assert [d.name for d in benchmark.rotated(decoders, 2)][:2] == ["core_greedy", "la_N5W7G7"]
+def test_decoder_entries_and_names_parse():
+    entries = benchmark.build_decoders([(5, 7, 7)], "both", [(4, 1)], [10])
+    assert [e["name"] for e in entries] == ["hf_pld_k10", "core_greedy", "la_N5W7G7", "la_N5W7G7_pool", "pool_N4G1"]
+    la = entries[2]
+    assert (la["use"], la["ngram"], la["window"], la["guess"], la["prompt_pool"]) == ("lookahead", 5, 7, 7, False)
     assert benchmark.parse_ints("5,15,15", 3) == (5, 15, 15)
     with pytest.raises(Exception):
         benchmark.parse_ints("5,15", 3)
     with pytest.raises(ValueError):
         benchmark.build_decoders([(5, 7, 7), (5, 7, 7)], "off", [], [])
+    tree = benchmark.parse_core("ngram=5,window=7,guess=7,prompt_pool=1,tree=1,budget=40")
+    entry = benchmark.build_decoders([], "off", [], [], extra=[tree])[-1]
+    assert (entry["use"], entry["name"], entry["tree"], entry["budget"]) == ("lookahead", "la_N5W7G7_pool_tree_k40", True, 40)
+    for bad in ("ngram=5,colour=1", "ngram=x", "seed=3"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            benchmark.parse_core(bad)
 
 
 def test_gpu_bench_tiny_runs_on_cpu(tmp_path: Path):
@@ -130,11 +142,11 @@ def test_gpu_bench_tiny_runs_on_cpu(tmp_path: Path):
     gpu_bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gpu_bench)
     acceptance = tmp_path / "rows.csv"
-    row = {column: "" for column in benchmark.COLUMNS}
+    row = {column: "" for column in runner.COLUMNS}
     row.update(model="m", dataset="d", item_id="1", decoder="la_N3W4G4", family="core", N="3", W="4", G="4",
                prompt_pool="False", pool_only="False", new_tokens="33", steps="20", step_tokens_mean="10.5")
     with open(acceptance, "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=benchmark.COLUMNS)
+        writer = csv.DictWriter(handle, fieldnames=runner.COLUMNS)
         writer.writeheader()
         writer.writerow(row)
     gpu_bench.main(["--tiny", "--device", "cpu", "--out", str(tmp_path / "out"), "--acceptance", str(acceptance)])
@@ -160,7 +172,7 @@ def test_collect_checks_the_goals_per_run_folder(run_dir: Path, tmp_path: Path):
     goals = pd.read_csv(root / "goals.csv")
     summary = benchmark.summarize(read_rows(run_dir)).set_index("decoder")
     row = goals.iloc[0]
-    assert (row["model"], row["dataset"], row["pld"]) == ("tiny-llama", "mtbench", "hf_pld_k3")
+    assert (row["model"], row["dataset"], row["pld"]) == ("tiny_llama", "mtbench", "hf_pld_k3")
     assert row["auto_speedup"] == pytest.approx(summary.loc["auto", "speedup_sum"])
     assert row["goal_not_slower"] == (row["auto_speedup"] >= 1.0)
     assert row["goal_beats_pld"] == (row["auto_speedup"] > summary.loc["hf_pld_k3", "speedup_sum"])
@@ -168,9 +180,10 @@ def test_collect_checks_the_goals_per_run_folder(run_dir: Path, tmp_path: Path):
 
 
 @needs_data
-def test_tree_configs_spread_items_and_old_rows_files(tmp_path: Path):
+def test_tree_configs_and_spread_items(tmp_path: Path):
     """--core adds token-tree decoders (acceptance per source in the rows), --every spreads the
-    prompts with calibration items beside them, and a rows.csv from before the new columns resumes."""
+    prompts, collect pairs a windowed tree with its linear twin, and a rows.csv from before the
+    draft_acceptance column resumes."""
     out = tmp_path / "trees"
     args = ["--model", "tiny-llama", "--dataset", "mtbench", "--limit", "2", "--every", "10", "--max-new-tokens", "10",
             "--configs", "3,3,3", "--pool", "on", "--pool-only", "--prompt-lookup", "--threads", "1",
@@ -180,19 +193,56 @@ def test_tree_configs_spread_items_and_old_rows_files(tmp_path: Path):
     df = read_rows(out)
     assert sorted(df["item_id"].unique()) == ["81", "91"]            # questions 81 and 91: two categories
     tree = df[df["decoder"] == "pool_N3G2_tree_sfx2_rc2_k4"]
-    assert len(tree) == 2 and tree["matches_hf_greedy"].all()
+    assert len(tree) == 2 and tree["matches_greedy"].all()
+    assert json.loads(tree["params"].iloc[0])["recycle"] == 2           # every LookaheadConfig field in params
     assert {"suffix", "recycle"} & {r["source"] for r in json.loads(tree["draft_acceptance"].iloc[0])}
     table = benchmark.summarize(df).set_index("decoder")
-    assert table.loc["pool_N3G2_tree_sfx2_rc2_k4", "config"] == "pool_N3G2_tree_sfx2_rc2_k4"
+    assert table.loc["pool_N3G2_tree_sfx2_rc2_k4", "label"] == "pool_N3G2_tree_sfx2_rc2_k4"
     pairs = benchmark.tree_vs_linear(tmp_path)                      # the windowed tree beside its linear twin
     assert pairs[["linear", "tree"]].values.tolist() == [["la_N3W3G3_pool", "la_N3W3G3_pool_tree_sfx2_k12"]]
     assert pairs["S_tree"].iloc[0] == table.loc["la_N3W3G3_pool_tree_sfx2_k12", "S"]
     assert benchmark.draft_acceptance(df)["tried"].sum() > 0
-    # An older file (without the last two columns) is rewritten with them and resumed, not refused.
-    text = (out / "rows.csv").read_text().splitlines()
-    old = [",".join(benchmark.COLUMNS[:-2])] + text[1:]
-    (out / "rows.csv").write_text("\n".join(old) + "\n")
-    store = benchmark.RowStore(out / "rows.csv", list(df["decoder"].unique()))
-    assert store.finished == {"81", "91"}
+    assert "Draft nodes per source and depth" in (out / "summary.md").read_text()
+    assert "Token trees against linear branches" in benchmark.write_collection(tmp_path)
+    assert (tmp_path / "trees.md").is_file()
+    # An older file (without draft_acceptance) is rewritten with today's columns and resumed.
+    pd.read_csv(out / "rows.csv", dtype=str, keep_default_na=False).drop(columns="draft_acceptance").to_csv(
+        out / "rows.csv", index=False)
+    benchmark.main(args)
+    with open(out / "rows.csv", newline="") as handle:
+        assert tuple(next(csv.reader(handle))) == runner.COLUMNS
+    assert len(read_rows(out)) == len(df)
     with pytest.raises(SystemExit):
         benchmark.main([*args[:-2], "--every", "0", "--out", str(out)])
+
+
+def test_old_benchmark_rows_are_upgraded_to_the_one_schema(tmp_path: Path):
+    spec = importlib.util.spec_from_file_location("upgrade", repo_root() / "scripts" / "upgrade_benchmark_rows.py")
+    upgrade = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(upgrade)
+    old_columns = ["model", "dataset", "item_id", "decoder", "family", "N", "W", "G", "prompt_pool", "pool_only",
+                   "prompt_lookup", "threads", "max_new_tokens", "new_tokens", "forwards", "steps", "decode_s",
+                   "wall_s", "tokens_per_s", "overhead_frac", "step_tokens_mean", "core_decode_s",
+                   "matches_hf_greedy", "matches_core_greedy"]
+    values = {"hf_greedy": ("hf", "", "", "", "", "", "", 4.0), "hf_pld_k3": ("hf", "", "", "", "", "", "3", 2.0),
+              "la_N3W4G4": ("core", "3", "4", "4", "False", "False", "", 8.0)}
+    (tmp_path / "run").mkdir()
+    rows = tmp_path / "run" / "rows.csv"
+    records = [("m", "d", item, name, *v[:7], "1", "8", "9", "6", "5", v[7], v[7] + 1, 9 / v[7], "0.1", "1.0",
+                v[7], "True", "True") for item in ("1", "2") for name, v in values.items()]
+    pd.DataFrame(records, columns=old_columns).to_csv(rows, index=False)
+    assert upgrade.upgrade(rows) and not upgrade.upgrade(rows)
+    table = benchmark.summarize(read_rows(rows.parent)).set_index("decoder")
+    assert table.loc["hf_pld_k3", "speedup_sum"] == pytest.approx(2.0)
+    assert table.loc["la_N3W4G4", "speedup_sum"] == pytest.approx(0.5)
+    assert table.loc["la_N3W4G4", "label"] == "la_N3W4G4" and table.loc["la_N3W4G4", "match_hf_greedy"] == 1.0
+
+
+@needs_data
+def test_profile_runs_through_the_harness_job(tmp_path: Path):
+    benchmark.main(["profile", "--model", "tiny-llama", "--dataset", "mtbench", "--limit", "1", "--max-new-tokens",
+                    "8", "--configs", "3,3,3", "--pool", "on", "--pool-only", "3,1", "--threads", "1",
+                    "--out", str(tmp_path)])
+    table = pd.read_csv(tmp_path / "profile.csv").set_index("decoder")
+    assert list(table.index) == ["core_greedy", "la_N3W3G3_pool", "pool_N3G1"]
+    assert (table["steps"] > 0).all() and ((table["overhead_frac"] > 0) & (table["overhead_frac"] < 1)).all()

@@ -1,8 +1,11 @@
 """Every option of every config group composes and converts to the core's dataclasses; a bad
-override fails with a message naming its key, before any model is loaded."""
+override fails with one line naming its key, before any model is loaded and before torch is imported."""
 
 from __future__ import annotations
 
+import dataclasses
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,7 +13,8 @@ from hydra import compose, initialize_config_dir
 
 from experiments import runner, schema
 from experiments.datasets import default_data_root, repo_root
-from experiments.schema import ConfigError, Decoder, RunSettings, register_configs, to_settings
+from experiments.decoders import DECODERS, AutoDecoder, CoreDecoder, Decoder, HFGenerate
+from experiments.schema import ConfigError, RunSettings, decoding_options, load_option, register_configs, to_settings
 from lookahead_core import DecodeLimits, LookaheadConfig, SamplingConfig
 
 CONF = repo_root() / "conf"
@@ -37,11 +41,11 @@ def no_model_loads(monkeypatch: pytest.MonkeyPatch) -> None:
 def check_settings(settings: RunSettings) -> None:
     assert isinstance(settings.sampling, SamplingConfig)
     assert isinstance(settings.limits, DecodeLimits)
-    assert settings.baseline.lookahead is None and settings.baseline.is_baseline
-    if settings.auto is not None:  # the candidate's config is chosen when the model is loaded
-        assert settings.candidate == Decoder("auto", None) and settings.auto.calibration_items >= 1
-    else:
-        assert settings.candidate is None or isinstance(settings.candidate.lookahead, LookaheadConfig)
+    assert isinstance(settings.baseline, Decoder) and settings.baseline not in settings.candidates
+    for decoder in settings.decoders:
+        assert decoder.kind in DECODERS and isinstance(decoder, DECODERS[decoder.kind])
+        if type(decoder) is CoreDecoder:
+            assert decoder.config is None or isinstance(decoder.config, LookaheadConfig)
     assert settings.results_path().suffix == ".csv"
 
 
@@ -53,12 +57,32 @@ def test_every_option_composes_and_converts(group: str) -> None:
         check_settings(to_settings(cfg))
 
 
-def test_the_default_is_the_small_demo() -> None:
+def test_every_decoding_option_names_itself_and_is_listable() -> None:
+    for option in decoding_options():
+        assert load_option(option)["name"] == option, f"conf/decoding/{option}.yaml must set name: {option}"
+    greedy = [o for o in decoding_options() if load_option(o).get("temperature", 0) == 0
+              and not load_option(o).get("item_temperature")]
+    settings = to_settings(compose_config("experiment=mtbench", f"decoders=[{','.join(greedy)}]"))
+    assert {d.name for d in settings.decoders} == set(greedy)
+
+
+def test_core_decoders_take_every_lookahead_config_field() -> None:
+    """A field added to LookaheadConfig is a yaml key at once (issue: token trees add fields)."""
+    keys = {f.name for f in dataclasses.fields(CoreDecoder.Params)}
+    assert keys == {"lookahead"} | {f.name for f in dataclasses.fields(LookaheadConfig)} - {"seed"}
+    settings = to_settings(compose_config("experiment=mtbench", "decoding.keep_pool=false", "decoding.window=4"))
+    assert settings.candidates[0].config == LookaheadConfig(window=4, ngram=5, guess=15, keep_pool=False)
+
+
+def test_the_default_is_the_demo_that_runs_anywhere() -> None:
     settings = to_settings(compose_config())
-    assert (settings.model.name, settings.experiment, settings.dataset.name) == ("smollm2_135m", "demo", "mtbench")
-    assert (settings.dataset.limit, settings.dataset.turns, settings.limits.max_new_tokens) == (6, 1, 128)
-    assert settings.candidate is not None and settings.candidate.lookahead == LookaheadConfig(5, 4, 5)
-    assert settings.config_tag == "lookahead_w5_n4_g5"
+    assert (settings.model.name, settings.experiment, settings.dataset.name) == ("smollm2_135m", "demo", "humaneval")
+    assert (settings.dataset.limit, settings.limits.max_new_tokens) == (4, 128)
+    assert settings.baseline.name == "hf_greedy" and isinstance(settings.baseline, HFGenerate)
+    assert [d.name for d in settings.candidates] == ["hf_pld", "lookahead", "auto"]
+    assert settings.candidates[1].config == LookaheadConfig(5, 4, 5)
+    assert isinstance(settings.candidates[2], AutoDecoder)
+    assert settings.config_tag == "hf_pld+lookahead+auto"
 
 
 @pytest.mark.parametrize("decoding,baseline,candidate,tag", [
@@ -67,26 +91,49 @@ def test_the_default_is_the_small_demo() -> None:
     ("lookahead", "greedy", "lookahead", "lookahead_w15_n5_g15"),
     ("lookahead_pool", "greedy", "lookahead_pool", "lookahead_pool_w15_n5_g15"),
     ("pool_only", "greedy", "pool_only", "pool_only_n5_g15"),
-    ("lookahead_sampling", "sampling", "lookahead", "lookahead_w15_n5_g15_t1_k0_p1"),
+    ("lookahead_sampling", "sampling", "lookahead_sampling", "lookahead_sampling_w15_n5_g15_t1_k0_p1"),
     ("auto", "greedy", "auto", "auto"),
-    ("tree", "greedy", "pool_only", "pool_only_n4_g4_tree_sfx4_rc4_d6_k4"),
-    ("lookahead_tree", "greedy", "lookahead_pool", "lookahead_pool_w7_n5_g7_tree_sfx4_rc4_d6_k56"),
+    ("tree", "greedy", "tree", "tree_n4_g4_tree_sfx4_rc4_d6_k4"),
+    ("lookahead_tree", "greedy", "lookahead_tree", "lookahead_tree_w7_n5_g7_tree_sfx4_rc4_d6_k56"),
+    ("hf_greedy", "greedy", "hf_greedy", "hf_greedy"),
+    ("hf_sampling", "sampling", "hf_sampling", "hf_sampling_t1_k0_p1"),
+    ("hf_pld", "greedy", "hf_pld", "hf_pld_k3"),
+    ("hf_assisted", "greedy", "hf_assisted", "hf_assisted"),
+    ("hf_early_exit", "greedy", "hf_early_exit", "hf_early_exit"),
 ])
 def test_decoders_and_tags(decoding: str, baseline: str, candidate: str | None, tag: str) -> None:
     settings = to_settings(compose_config("experiment=mtbench", f"decoding={decoding}"))
     assert settings.baseline.name == baseline
-    assert (settings.candidate.name if settings.candidate else None) == candidate
+    assert ([d.name for d in settings.candidates] or [None]) == [candidate]
     assert settings.config_tag == tag
 
 
-def test_experiments_follow_the_reference_conventions() -> None:
-    budgets = {"mtbench": 1024, "humaneval": 512, "classeval": 2048, "cnndm": 1024, "xsum": 1024, "mbpp": 512}
+def test_a_list_of_decoders_takes_variants_and_the_shared_values() -> None:
+    settings = to_settings(compose_config(
+        "experiment=mtbench", "baseline=hf_greedy", "decoding.ngram=4",
+        "decoders=[hf_pld,lookahead,{use:lookahead,name:la7,window:7},{use:hf_pld,name:pld10,k:10},auto]"))
+    by_name = {d.name: d for d in settings.decoders}
+    assert list(by_name) == ["hf_greedy", "hf_pld", "lookahead", "la7", "pld10", "auto"]
+    assert by_name["lookahead"].config == LookaheadConfig(15, 4, 15) and by_name["la7"].config == LookaheadConfig(7, 4, 15)
+    assert (by_name["hf_pld"].params.k, by_name["pld10"].params.k) == (3, 10)
+    assert settings.config_tag == "hf_pld+lookahead+la7+pld10+auto"
+    # The baseline listed again is the baseline, not a second decoder.
+    assert [d.name for d in to_settings(compose_config("experiment=mtbench", "decoders=[greedy,lookahead]")).decoders] \
+        == ["greedy", "lookahead"]
+
+
+def test_experiment_values_follow_the_reference_conventions() -> None:
+    budgets = {"mtbench": 1024, "humaneval": 512, "classeval": 2048, "cnndm": 1024, "xsum": 1024, "mbpp": 512,
+               "specbench": 1024}
     for experiment, budget in budgets.items():
         settings = to_settings(compose_config(f"experiment={experiment}"))
         assert settings.limits.max_new_tokens == budget
         assert settings.sampling.greedy == (experiment not in ("cnndm", "xsum"))
     assert to_settings(compose_config("experiment=humaneval")).prompt_format.value == "raw"
     assert to_settings(compose_config("experiment=mtbench")).dataset.turns == 2
+    specbench = to_settings(compose_config("experiment=specbench", "dataset.categories=[translation,rag]"))
+    assert specbench.dataset.order.value == "spread" and specbench.dataset.categories == ["translation", "rag"]
+    assert specbench.baseline.name == "hf_greedy"
     llama3 = to_settings(compose_config("model=llama3_8b")).model
     assert llama3.dtype.value == "float16" and {128001, 128009} <= set(llama3.extra_eos_token_ids)
 
@@ -102,15 +149,23 @@ def test_every_sweep_value_composes(sweep: str) -> None:
 
 def test_smollm2_grid_ties_guess_to_window() -> None:
     settings = to_settings(compose_config("sweep=smollm2_wn", "decoding.window=7"))
-    assert settings.candidate is not None and settings.candidate.lookahead.guess == 7
+    assert settings.candidates[0].config.guess == 7
 
 
 @pytest.mark.parametrize("override,key", [
     ("decoding.window=abc", "decoding.window"),
-    ("decoding.window=0", "window"),
-    ("decoding.ngram=1", "ngram"),
-    ("decoding.guess=-1", "guess"),
+    ("experiment=mtbench decoding.window=abc", "decoding.window"),
+    ("decoding.window=0", "decoding.window"),
+    ("experiment=mtbench decoding.ngram=1", "decoding.ngram"),
+    ("experiment=mtbench decoding.guess=-1", "decoding.guess"),
     ("decoding.top_p=0", "top_p"),
+    ("++decoding.nope=1", "decoding.nope"),
+    ("experiment=mtbench decoding=hf_pld decoding.k=0", "decoding.k"),
+    ("experiment=mtbench decoding=hf_assisted decoding.schedule=fast", "decoding.schedule"),
+    ("decoders=[lookahead,nope]", "decoders[1]"),
+    ("decoders=[lookahead,lookahead]", "decoders"),
+    ("decoders=[lookahead,lookahead_sampling]", "decoders"),
+    ("baseline=nope", "baseline"),
     ("model=nonexistent", "model"),
     ("experiment=nope", "experiment"),
     ("model.dtype=float64", "model.dtype"),
@@ -118,21 +173,43 @@ def test_smollm2_grid_ties_guess_to_window() -> None:
     ("experiment.max_new_tokens=0", "max_new_tokens"),
     ("dataset.limit=-1", "dataset.limit"),
     ("dataset.turns=0", "dataset.turns"),
-    ("dataset.options.variant=weird", "dataset.options"),
+    ("dataset.order=random", "dataset.order"),
+    ("experiment=mbpp dataset.options.variant=weird", "dataset.options"),
     ("device=gpu", "device"),
     ("repeats=0", "repeats"),
-    ("decoding=auto decoding.calibration_items=0", "decoding.calibration_items"),
-    ("decoding=auto decoding.calibration_tokens=0", "decoding.calibration_tokens"),
-    ("decoding=auto decoding.lookahead=false", "decoding.lookahead"),
-    ("decoding=tree decoding.budget=1", "budget"),
-    ("decoding=tree decoding.suffix=-1", "suffix"),
+    ("experiment=mtbench decoding=auto decoding.calibration_items=0", "decoding.calibration_items"),
+    ("experiment=mtbench decoding=tree decoding.budget=1", "budget"),
+    ("experiment=mtbench decoding=tree decoding.suffix=-1", "suffix"),
 ])
 def test_bad_values_fail_naming_the_key_before_any_model_loads(override: str, key: str) -> None:
-    extra = ["experiment=mbpp"] if override.startswith("dataset.options") else []
     with pytest.raises(Exception) as caught:
-        runner.run(compose_config(*extra, *override.split()))
+        runner.run(compose_config(*override.split()))
     assert not isinstance(caught.value, AssertionError), "the model was loaded before the config was checked"
     assert key in str(caught.value)
+
+
+def run_py(*overrides: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """run.py in a fresh interpreter that reports, at exit, whether torch was ever imported."""
+    probe = ("import atexit, runpy, sys\n"
+             "atexit.register(lambda: print('torch imported:', 'torch' in sys.modules))\n"
+             f"sys.argv = ['run.py', *{list(overrides)!r}]\n"
+             "runpy.run_path('run.py', run_name='__main__')\n")
+    return subprocess.run([sys.executable, "-c", probe], cwd=repo_root(), capture_output=True, text=True,
+                          timeout=120, env=env)
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["decoding.window=abc"], "error: decoding.window must be int, got 'abc'"),
+    (["repeats=abc"], "error: repeats: "),
+    (["experiment=mtbench", "data_root=/nonexistent"], "error: mtbench: no data file"),
+    (["model=qwen25_coder_05b", "model.packages=[no_such_weights_pkg]"], "error: model=qwen25_coder_05b: package"),
+])
+def test_a_bad_run_fails_in_one_line_before_torch_is_imported(overrides: list[str], message: str) -> None:
+    done = run_py(*overrides)
+    assert done.returncode == 2
+    assert done.stderr.strip().startswith(message) and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    assert "torch imported: False" in done.stdout
 
 
 @pytest.mark.skipif(not default_data_root().is_dir(), reason="no offline data")
@@ -149,22 +226,25 @@ def test_paths_resolve_against_the_repository(monkeypatch: pytest.MonkeyPatch) -
     assert settings.results_path().is_relative_to(repo_root() / "results" / "raw" / "demo" / "smollm2_135m")
     monkeypatch.setenv("LOOKAHEAD_DATA_ROOT", "/elsewhere/data")
     assert to_settings(compose_config()).data_root == Path("/elsewhere/data")
+    assert to_settings(compose_config("results_file=/x/rows.csv")).results_path() == Path("/x/rows.csv")
 
 
 def test_the_results_path_depends_on_settings_not_on_the_subset() -> None:
     path = to_settings(compose_config()).results_path()
     assert to_settings(compose_config("dataset.limit=3", "dataset.offset=2")).results_path() == path
     assert to_settings(compose_config("experiment.max_new_tokens=32")).results_path() != path
+    assert to_settings(compose_config("decoding.window=7")).results_path() != path
     assert to_settings(compose_config("seed=1")).results_path() != path
 
 
 def test_tree_fields_at_their_defaults_keep_old_results_paths() -> None:
     """Files written before token trees existed keep their names, so their runs still resume."""
     settings = to_settings(compose_config("experiment=mtbench", "decoding=lookahead_pool"))
-    fields = schema._lookahead_fields(settings.candidate.lookahead)
-    assert "tree" not in fields and "budget" not in fields
+    name, kind, params = settings.candidates[0].fingerprint()
+    assert "tree" not in params and "budget" not in params and params["window"] == 15
     tree = to_settings(compose_config("experiment=mtbench", "decoding=lookahead_pool", "decoding.tree=true"))
-    assert tree.results_path() != settings.results_path() and tree.candidate.lookahead.tree
+    assert tree.results_path() != settings.results_path() and tree.candidates[0].config.tree
+    assert tree.candidates[0].fingerprint()[2]["tree"] is True
 
 
 def test_the_joblib_launcher_is_available() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import types
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -232,19 +233,73 @@ def test_get_dataset_unknown_name_lists_valid_ones() -> None:
         assert name in str(excinfo.value)
 
 
-def test_mtbench_stratified_subset_covers_every_category() -> None:
-    plain = get_dataset("mtbench").load(DATA_ROOT, limit=20)
-    assert {item.extra["category"] for item in plain} == {"writing", "roleplay"}   # why stratify exists
-    items = get_dataset("mtbench", stratify=True).load(DATA_ROOT, limit=20)
-    counts = {c: sum(item.extra["category"] == c for item in items) for c in MTBENCH_TEMPERATURE}
-    assert sorted(counts.values()) == [2, 2, 2, 2, 3, 3, 3, 3]
-    assert [i.item_id for i in get_dataset("mtbench", stratify=True).load(DATA_ROOT, limit=20)] == \
-        [i.item_id for i in items]                                                       # seeded
-    reseeded = get_dataset("mtbench", stratify=True, stratify_seed=1).load(DATA_ROOT, limit=20)
-    assert [i.item_id for i in reseeded] != [i.item_id for i in items]
-    whole = get_dataset("mtbench", stratify=True).load(DATA_ROOT)
-    assert sorted(i.item_id for i in whole) == sorted(i.item_id for i in plain + get_dataset("mtbench").load(DATA_ROOT, offset=20))
-    rest = get_dataset("mtbench", stratify=True).load(DATA_ROOT, limit=5, offset=20)
-    assert [i.item_id for i in rest] == [i.item_id for i in whole[20:25]]
-    with pytest.raises(ValueError, match="stratify must be a bool"):
-        get_dataset("mtbench", stratify="yes")
+# ---------------------------------------------------------------------------------------------
+# Spec-Bench
+
+SPEC_BENCH_FIRST = {  # category: (question_id, start of turn 1, start of turn 2 or None), from the file
+    "writing": ("81", "Compose an engaging travel blog post about a rec", "Rewrite your previous response"),
+    "roleplay": ("91", "Pretend yourself to be Elon Musk in all the foll", "How do you like dancing? Can y"),
+    "reasoning": ("101", "Imagine you are participating in a race with a g", 'If the "second person" is chan'),
+    "math": ("111", "The vertices of a triangle are at points (0, 0),", "What's area of the circle circ"),
+    "coding": ("121", "Develop a Python program that reads all the text", "Can you parallelize it?"),
+    "extraction": ("131", "Evaluate the following movie reviews on a scale ", "Update your previous reply by "),
+    "stem": ("141", "In the field of quantum physics, what is superpo", "What assumptions have you made"),
+    "humanities": ("151", "Provide insights into the correlation between ec", "Now, explain them again like I"),
+    "translation": ("161", "Translate German to English: Pfandhäuser boomen ", None),
+    "summarization": ("241", "Summarize: Hillary Clinton’s security detail arr", None),
+    "qa": ("321", "Who played anna in once upon a time?", None),
+    "math_reasoning": ("401", "Jen decides to travel to 3 different countries. ", None),
+    "rag": ("481", "Some researchers state that forests do not only ", None),
+}
+SMOLLM2_FRAME = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+
+
+@pytest.fixture(scope="module")
+def smollm2_tokenizer():
+    from lookahead_core.models import load_model
+
+    return load_model("smollm2_135m")[1]
+
+
+def test_specbench_reads_the_real_file_and_builds_each_categorys_prompt(smollm2_tokenizer) -> None:
+    from experiments.runner import prompt_ids
+    from experiments.schema import PromptFormat
+
+    adapter = get_dataset("specbench")
+    items = adapter.load(DATA_ROOT)
+    assert len(items) == 480
+    counts = Counter(item.extra["category"] for item in items)
+    assert counts == {**{c: 10 for c in list(SPEC_BENCH_FIRST)[:8]}, **{c: 80 for c in list(SPEC_BENCH_FIRST)[8:]}}
+    by_id = {item.item_id: item for item in items}
+    for category, (item_id, first, second) in SPEC_BENCH_FIRST.items():
+        item = by_id[item_id]
+        assert item.extra["category"] == category and adapter.num_turns(item) == (2 if second else 1)
+        assert adapter.build_messages(item, 0) == [{"role": "user", "content": item.turns[0]}]
+        text = smollm2_tokenizer.decode(prompt_ids(adapter, smollm2_tokenizer, PromptFormat.chat, item, 0, ()))
+        assert text.startswith(SMOLLM2_FRAME + "<|im_start|>user\n" + first), text[:200]
+        assert text.endswith("<|im_end|>\n<|im_start|>assistant\n")
+        if second:   # turn 2 follows the model's own first answer
+            text = smollm2_tokenizer.decode(prompt_ids(adapter, smollm2_tokenizer, PromptFormat.chat, item, 1,
+                                                     ("My answer.",)))
+            assert f"{item.turns[0]}<|im_end|>\n<|im_start|>assistant\nMy answer.<|im_end|>\n<|im_start|>user\n{second}" \
+                in text
+
+
+def test_specbench_subsets_spread_over_categories_and_filter_them() -> None:
+    adapter = get_dataset("specbench")
+    spread = adapter.load(DATA_ROOT, 130, order="spread", seed=0)
+    assert Counter(item.extra["category"] for item in spread) == {c: 10 for c in SPEC_BENCH_FIRST}
+    assert len({item.extra["category"] for item in spread[:13]}) == 13, "every prefix spans the categories"
+    assert [i.item_id for i in adapter.load(DATA_ROOT, 20, order="spread", seed=0)] == [i.item_id for i in spread[:20]]
+    assert [i.item_id for i in adapter.load(DATA_ROOT, 20, order="spread", seed=1)] != [i.item_id for i in spread[:20]]
+    subset = adapter.load(DATA_ROOT, categories=["translation", "rag"])
+    assert len(subset) == 160 and {i.extra["category"] for i in subset} == {"translation", "rag"}
+    with pytest.raises(ValueError, match="unknown category 'nope'"):
+        adapter.load(DATA_ROOT, categories=["nope"])
+
+
+def test_specbench_missing_file_says_where_to_put_it(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError) as excinfo:
+        get_dataset("specbench").load(tmp_path)
+    assert str(tmp_path / "spec_bench" / "question.jsonl") in str(excinfo.value)
+    assert "hemingkx/Spec-Bench" in str(excinfo.value)

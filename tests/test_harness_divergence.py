@@ -9,6 +9,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
+import lookahead_core
 from experiments import report, runner
 from experiments.datasets import default_data_root, repo_root
 from experiments.schema import register_configs
@@ -30,15 +31,15 @@ def keep_torch_threads():
 
 def corrupt_lookahead(monkeypatch: pytest.MonkeyPatch, items: set[str] | None = None) -> None:
     """Lookahead outputs get a wrong token at WRONG_AT in the first turn (turn 2 then differs too)."""
-    real = runner.decode
+    real = lookahead_core.decode               # what the core decoders call
 
     def decode(model, ids, lookahead, *args, **kwargs):
         out = real(model, ids, lookahead, *args, **kwargs)
         if lookahead is not None and kwargs.get("state") is None:
-            out.tokens[WRONG_AT] = (out.tokens[WRONG_AT] + 1) % model.config.vocab_size
+            out.tokens[WRONG_AT] = (out.tokens[WRONG_AT] + 1) % model.vocab_size
         return out
 
-    monkeypatch.setattr(runner, "decode", decode)
+    monkeypatch.setattr(lookahead_core, "decode", decode)
 
 
 def run(tmp_path: Path, *extra: str) -> Path:
@@ -68,8 +69,9 @@ def test_a_fp32_mismatch_fails_the_run_after_writing_its_rows(tmp_path, monkeypa
 
 def test_a_turn_after_a_differing_one_is_judged_there():
     prompts = {"greedy": [1, 2, 3], "lookahead": [1, 2, 4]}
-    assert runner.divergence_columns(None, prompts, "greedy", "lookahead", [5, 6, 7], [5, 9, 7]) == \
-        {"first_diff": 1, "diff_margin": None, "diff_verdict": "earlier_turn"}
+    assert runner.compare_to_baseline(None, prompts, "greedy", "lookahead", [5, 6, 7], [5, 9, 7], False,
+                                      lookahead_core.SamplingConfig()) == \
+        {"matches_greedy": False, "first_diff": 1, "diff_margin": None, "diff_verdict": "earlier_turn"}
 
 def test_lossless_rows_carry_no_verdict_and_bf16_mismatches_do_not_fail(tmp_path, monkeypatch):
     clean = report.load_results([run(tmp_path / "clean", "dataset.turns=1")])

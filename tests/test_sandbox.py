@@ -507,8 +507,8 @@ def test_unavailable_sandbox_fails_before_the_model_loads(tmp_path: Path, monkey
     with pytest.raises(ConfigError, match="sandbox must be one of"):
         _harness_run(tmp_path, "sandbox=none")
     monkeypatch.setattr(sandbox, "_check_bwrap", lambda: "bwrap not found")
-    monkeypatch.setattr(runner.Session, "start", lambda *a: pytest.fail("the model loaded"))
-    with pytest.raises(sandbox.SandboxUnavailable, match="install bubblewrap"):
+    monkeypatch.setattr(runner.Job, "start", lambda *a: pytest.fail("the model loaded"))
+    with pytest.raises(ConfigError, match="sandbox: .*install bubblewrap"):
         _harness_run(tmp_path)
 
 
@@ -519,7 +519,7 @@ def test_process_mode_is_announced_and_recorded(tmp_path: Path, capsys: pytest.C
     from experiments import runner
 
     old = tmp_path / "old.csv"   # a results file from before the sandbox column: resumed, not refused
-    old.write_text(",".join(runner._COLUMNS_BEFORE_SANDBOX) + "\n")
+    old.write_text(",".join(c for c in runner.COLUMNS if c != "sandbox") + "\n")
     assert runner.ResultStore(old, {}).path.read_text().splitlines()[0] == ",".join(runner.COLUMNS)
     path = _harness_run(tmp_path, "sandbox=process")
     assert "sandbox=process" in capsys.readouterr().err

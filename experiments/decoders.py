@@ -1,0 +1,343 @@
+"""The decoder registry: every way to generate is one small class here plus one yaml in ``conf/decoding/``.
+
+A yaml names its class with ``kind`` (default ``core``) and sets that class's parameters; the keys
+every decoder shares (``temperature``, ``top_k``, ``top_p``, ``item_temperature``) belong to the job,
+because a job compares its decoders against one baseline at one temperature. The runner knows no
+decoder by name: it calls
+
+* :meth:`Decoder.prepare` once, after the model loads (``auto`` calibrates, ``hf_assisted`` loads
+  its draft model),
+* :meth:`Decoder.generate` per prompt (the runner times every call alike with forward hooks),
+* :meth:`Decoder.columns` for the row's config columns.
+
+Adding a method (README, "Adding a decoder"): a class with a ``Params`` dataclass (its yaml keys,
+typed, with defaults) registered with ``@register("<kind>")``, and ``conf/decoding/<name>.yaml``
+with ``kind: <kind>``. Nothing else changes.
+
+This module imports neither torch nor transformers at import time: configs are validated before
+the heavy libraries load (``run.py``), so a bad override fails in a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import typing
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Optional
+
+from .schema_core import DecodeLimits, LookaheadConfig, SamplingConfig
+
+DECODERS: dict[str, type[Decoder]] = {}
+
+
+def register(kind: str):
+    """Class decorator: ``kind`` is what a yaml's ``kind:`` key names."""
+    def add(cls: type[Decoder]) -> type[Decoder]:
+        cls.kind = kind
+        DECODERS[kind] = cls
+        return cls
+    return add
+
+
+@dataclass
+class Generation:
+    """What a decoder returns for one prompt; timing is the runner's (forward hooks), not the decoder's."""
+
+    tokens: list[int]
+    state: Any = None                  # the conversation to continue (core decoders), else None
+    stats: Any = None                  # lookahead_core.DecodeStats for core decoders, else None
+
+
+class Decoder:
+    """One way to generate. ``name`` labels its rows; ``params`` is its validated ``Params``."""
+
+    kind: ClassVar[str]
+    family: ClassVar[str] = "core"     # "core": this project's decode loop; "hf": transformers generate
+
+    @dataclass
+    class Params:
+        pass
+
+    def __init__(self, name: str, params: Any, seed: int = 0) -> None:
+        self.name = name
+        self.params = params
+        self.seed = seed
+
+    @classmethod
+    def params_schema(cls) -> type:
+        return cls.Params
+
+    def tag(self) -> str:
+        """A readable name for result files, e.g. ``lookahead_w5_n4_g5``, ``hf_pld_k3``."""
+        return self.name
+
+    def columns(self) -> dict[str, Any]:
+        """The row's config columns (see ``runner.COLUMNS``); ``params`` holds every setting."""
+        return {"params": json.dumps(_plain(self.params), sort_keys=True)}
+
+    def fingerprint(self) -> Any:
+        return [self.name, self.kind, _plain(self.params)]
+
+    def prepare(self, job: Any) -> None:
+        """Called once after the model loads, before the warm-up."""
+
+    def generate(self, job: Any, ids: list[int], state: Any, limits: DecodeLimits,
+                 sampling: SamplingConfig) -> Generation:
+        raise NotImplementedError
+
+
+def _plain(params: Any) -> Any:
+    return dataclasses.asdict(params) if dataclasses.is_dataclass(params) else params
+
+
+# ---------------------------------------------------------------------------------------------
+# The core's decode loop: greedy, lookahead, prompt pool, pool-only, sampling, auto
+
+
+def _core_params() -> type:
+    """``lookahead`` (false: the plain greedy / sampling loop) plus every ``LookaheadConfig`` field
+    but the seed (the job's), with its type and default: a field added to ``LookaheadConfig`` is a
+    yaml key at once."""
+    hints = typing.get_type_hints(LookaheadConfig)
+    fields = [("lookahead", bool, field(default=True))]
+    for f in dataclasses.fields(LookaheadConfig):
+        if f.name == "seed":
+            continue
+        default = field(default=f.default) if f.default is not dataclasses.MISSING \
+            else field(default_factory=f.default_factory)
+        fields.append((f.name, hints[f.name], default))
+    return dataclasses.make_dataclass("CoreParams", fields)
+
+
+def lookahead_config(params: Any, seed: int) -> LookaheadConfig | None:
+    """The core config a core decoder's params describe (``None``: no lookahead)."""
+    values = {f.name: getattr(params, f.name) for f in dataclasses.fields(params) if f.name != "lookahead"}
+    core = {f.name for f in dataclasses.fields(LookaheadConfig)}
+    return LookaheadConfig(**{k: v for k, v in values.items() if k in core}, seed=seed) if params.lookahead else None
+
+
+def core_columns(config: LookaheadConfig | None) -> dict[str, Any]:
+    return {
+        "W": None if config is None or config.pool_only else config.window,
+        "N": None if config is None else config.ngram,
+        "G": None if config is None else config.guess,
+        "prompt_pool": None if config is None else config.prompt_pool,
+        "pool_only": None if config is None else config.pool_only,
+    }
+
+
+@register("core")
+class CoreDecoder(Decoder):
+    """``lookahead_core.decode``: greedy or sampling with ``lookahead: false``, else lookahead
+    (W, N, G), with the prompt pool, pool-only, ...: whatever the ``LookaheadConfig`` fields say."""
+
+    Params = _core_params()
+
+    def __init__(self, name: str, params: Any, seed: int = 0) -> None:
+        super().__init__(name, params, seed)
+        self.config = lookahead_config(params, seed)    # validates (ValueError names the field)
+
+    # Fields added after results were first committed: left out of the fingerprint at their
+    # defaults, so those results files keep their names and their runs still resume.
+    LATER_FIELDS = ("tree", "suffix", "recycle", "depth", "budget")
+
+    def fingerprint(self) -> Any:
+        name, kind, params = super().fingerprint()
+        defaults = self.Params()
+        return [name, kind, {k: v for k, v in params.items()
+                             if k not in self.LATER_FIELDS or v != getattr(defaults, k)}]
+
+    def tag(self) -> str:
+        config = self.config
+        if config is None:
+            return self.name
+        parts = [self.name] + ([] if config.pool_only else [f"w{config.window}"]) + [f"n{config.ngram}", f"g{config.guess}"]
+        if config.tree:
+            parts.append("tree")
+        parts += [f"{short}{value}" for short, value in (("sfx", config.suffix), ("rc", config.recycle),
+                                                         ("d", config.depth), ("k", config.budget)) if value]
+        return "_".join(parts)
+
+    def columns(self) -> dict[str, Any]:
+        plain = None if self.config is None else {k: v for k, v in dataclasses.asdict(self.config).items()
+                                                  if k != "seed"}
+        return {**core_columns(self.config), "params": json.dumps(plain, sort_keys=True, default=str)}
+
+    def generate(self, job, ids, state, limits, sampling) -> Generation:
+        from lookahead_core import decode
+
+        out = decode(job.lm, ids, self.config, limits, sampling, state=state, tokenizer=job.tokenizer)
+        return Generation(out.tokens, out.state, out.stats)
+
+
+@register("auto")
+class AutoDecoder(CoreDecoder):
+    """The cost model's pick (lookahead_core/cost_model.py): after the model loads it measures this
+    device's latency curve and calibrates a grid on items that are not evaluated, then decodes as
+    the config predicted fastest (greedy included). The record is saved beside the results
+    (``<csv>.auto.json``) and reused by a rerun, so a resumed job keeps its decoder."""
+
+    @dataclass
+    class Params:
+        calibration_items: int = 2       # first turns of the items right after the evaluated range
+        calibration_tokens: int = 64     # new tokens per calibration decode
+        calibration_offset: Optional[int] = None   # first calibration item; None: after the range
+        predict: bool = False            # also calibrate the job's other core decoders (predicted vs measured)
+
+    def __init__(self, name: str, params: Any, seed: int = 0) -> None:
+        Decoder.__init__(self, name, params, seed)
+        if params.calibration_items < 1 or params.calibration_tokens < 1:
+            raise ValueError(f"calibration_items and calibration_tokens must be >= 1, got "
+                             f"{params.calibration_items} and {params.calibration_tokens}")
+        self.config = None
+        self.record: dict | None = None
+
+    def tag(self) -> str:
+        return self.name
+
+    def prepare(self, job) -> None:
+        from . import autotune
+
+        params = self.params
+        prompts = [job.prompt_ids(item, 0, ()) for item in
+                   job.calibration_items(params.calibration_items, params.calibration_offset)]
+        limits = dataclasses.replace(job.settings.limits, max_new_tokens=params.calibration_tokens)
+        always = [d.config for d in job.settings.decoders
+                  if params.predict and isinstance(d, CoreDecoder) and d.config is not None and d is not self]
+        sampling = None if job.settings.sampling.greedy else job.settings.sampling
+        self.record = autotune.calibrate(job.lm, prompts, limits, job.auto_record_path(self.name), sampling=sampling,
+                                         always=always)
+        self.config = autotune.chosen_config(self.record, seed=self.seed)
+        print(f"{self.name}: the cost model chose {self.record['chosen']} "
+              f"(calibration record: {job.auto_record_path(self.name)})")
+
+
+# ---------------------------------------------------------------------------------------------
+# transformers generate: greedy / sampling, prompt lookup, assisted, early exit
+
+
+@register("hf")
+class HFGenerate(Decoder):
+    """``model.generate``: greedy at temperature 0, else sampling (the job's temperature)."""
+
+    family = "hf"
+
+    def generate_kwargs(self, job) -> dict[str, Any]:
+        return {}
+
+    def generate(self, job, ids, state, limits, sampling) -> Generation:
+        import torch
+
+        model = job.model
+        x = torch.tensor([ids], device=model.device)
+        kwargs = self.generate_kwargs(job)
+        if sampling.greedy:
+            kwargs.update(do_sample=False)
+        else:
+            torch.manual_seed(sampling.seed)
+            kwargs.update(do_sample=True, temperature=sampling.temperature, top_k=sampling.top_k or None,
+                          top_p=sampling.top_p)
+        if limits.stop_strings:
+            kwargs.update(stop_strings=list(limits.stop_strings), tokenizer=job.tokenizer)
+        out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=limits.max_new_tokens,
+                             eos_token_id=list(limits.eos_token_ids) or None, pad_token_id=job.pad_token_id,
+                             **kwargs)
+        return Generation(out[0, len(ids):].tolist())
+
+
+@register("hf_pld")
+class HFPromptLookup(HFGenerate):
+    """transformers prompt lookup: ``generate(prompt_lookup_num_tokens=k)``."""
+
+    @dataclass
+    class Params:
+        k: int = 10                       # prompt_lookup_num_tokens: tokens proposed per step
+        max_matching_ngram: int = 2       # max_matching_ngram_size: longest n-gram matched
+
+    def __init__(self, name: str, params: Any, seed: int = 0) -> None:
+        super().__init__(name, params, seed)
+        if params.k < 1 or params.max_matching_ngram < 1:
+            raise ValueError(f"k and max_matching_ngram must be >= 1, got {params.k} and {params.max_matching_ngram}")
+
+    def tag(self) -> str:
+        return f"{self.name}_k{self.params.k}"
+
+    def columns(self) -> dict[str, Any]:
+        return {**super().columns(), "prompt_lookup": self.params.k}
+
+    def generate_kwargs(self, job) -> dict[str, Any]:
+        return {"prompt_lookup_num_tokens": self.params.k, "max_matching_ngram_size": self.params.max_matching_ngram}
+
+
+@register("hf_assisted")
+class HFAssisted(HFGenerate):
+    """transformers assisted decoding with a draft model (``assistant_model``: any ``load_model``
+    spec). When the draft's tokenizer differs from the target's, transformers' cross-tokenizer
+    assisted decoding runs (``generate(tokenizer=..., assistant_tokenizer=...)``)."""
+
+    @dataclass
+    class Params:
+        assistant_model: str = "smollm2_135m"   # offline name, tiny-<arch>, local folder or hub id
+        num_assistant_tokens: int = 20          # draft tokens per step to start from
+        schedule: str = "heuristic"             # num_assistant_tokens_schedule: heuristic, constant, heuristic_transient
+
+    def __init__(self, name: str, params: Any, seed: int = 0) -> None:
+        super().__init__(name, params, seed)
+        schedules = ("heuristic", "constant", "heuristic_transient")
+        if params.schedule not in schedules:
+            raise ValueError(f"schedule must be one of {', '.join(schedules)}, got {params.schedule!r}")
+        if params.num_assistant_tokens < 1:
+            raise ValueError(f"num_assistant_tokens must be >= 1, got {params.num_assistant_tokens}")
+        self.assistant = self.assistant_tokenizer = None
+
+    def columns(self) -> dict[str, Any]:
+        return {**super().columns(), "assistant": self.params.assistant_model}
+
+    def prepare(self, job) -> None:
+        self.assistant, self.assistant_tokenizer = job.load_assistant(self.params.assistant_model)
+
+    def generate_kwargs(self, job) -> dict[str, Any]:
+        self.assistant.generation_config.num_assistant_tokens = self.params.num_assistant_tokens
+        self.assistant.generation_config.num_assistant_tokens_schedule = self.params.schedule
+        kwargs: dict[str, Any] = {"assistant_model": self.assistant}
+        if _different_tokenizers(job.tokenizer, self.assistant_tokenizer):
+            kwargs.update(tokenizer=job.tokenizer, assistant_tokenizer=self.assistant_tokenizer)
+        return kwargs
+
+
+def _different_tokenizers(target: Any, draft: Any) -> bool:
+    if target is None or draft is None or not hasattr(target, "get_vocab") or not hasattr(draft, "get_vocab"):
+        return False
+    return target.get_vocab() != draft.get_vocab()
+
+
+@register("hf_early_exit")
+class HFEarlyExit(HFGenerate):
+    """transformers early-exit self-speculation: the first ``assistant_early_exit`` layers of the
+    model draft, the whole model verifies (``generate(assistant_early_exit=k)``; models trained for
+    it, e.g. LayerSkip, accept far more than others)."""
+
+    @dataclass
+    class Params:
+        assistant_early_exit: int = 4     # layers that draft
+        num_assistant_tokens: int = 20
+
+    def __init__(self, name: str, params: Any, seed: int = 0) -> None:
+        super().__init__(name, params, seed)
+        if params.assistant_early_exit < 1:
+            raise ValueError(f"assistant_early_exit must be >= 1, got {params.assistant_early_exit}")
+
+    def columns(self) -> dict[str, Any]:
+        return {**super().columns(), "assistant": f"early_exit_{self.params.assistant_early_exit}"}
+
+    def prepare(self, job) -> None:
+        layers = job.model.config.num_hidden_layers
+        if self.params.assistant_early_exit >= layers:
+            from .schema import ConfigError
+            raise ConfigError(f"decoding.assistant_early_exit must be < the model's {layers} layers, "
+                              f"got {self.params.assistant_early_exit}")
+
+    def generate_kwargs(self, job) -> dict[str, Any]:
+        return {"assistant_early_exit": self.params.assistant_early_exit,
+                "num_assistant_tokens": self.params.num_assistant_tokens}
