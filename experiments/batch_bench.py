@@ -31,7 +31,9 @@ import os
 import subprocess
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import torch
@@ -41,8 +43,12 @@ from tqdm import tqdm
 from lookahead_core import DecodeLimits, LookaheadConfig, decode_batch
 from lookahead_core import cost_model as cm
 
-from .benchmark import ForwardMeter, Session
+from lookahead_core import models as model_loader
+
 from .datasets import get_dataset
+from .runner import ForwardMeter, eos_token_ids, prompt_ids
+from .schema import PromptFormat
+from .tiny_tokenizer import ByteTokenizer
 
 DECODERS: dict[str, LookaheadConfig | None] = {
     "hf_greedy": None,
@@ -56,6 +62,28 @@ COLUMNS = ("dataset", "B", "batch", "decoder", "item_id", "composition", "prompt
            "S", "step_tokens", "accepted", "batch_new_tokens", "batch_forwards", "batch_decode_s", "batch_wall_s",
            "batch_tokens_per_s", "matches_hf_greedy", "lookahead", "max_new_tokens", "threads", "load_avg")
 LATENCY_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+
+
+@dataclass
+class Session:
+    """The loaded model with what every batch needs (the harness's prompt and EOS rules)."""
+
+    model: Any
+    tokenizer: Any
+    eos: tuple[int, ...]
+    pad: int
+
+    @classmethod
+    def load(cls, spec: str) -> Session:
+        model, tokenizer = model_loader.load_model(spec, dtype="float32", device="cpu")
+        tokenizer = tokenizer if tokenizer is not None else ByteTokenizer(model.config.vocab_size)
+        eos = eos_token_ids(model, tokenizer, ())
+        pad = model.generation_config.pad_token_id
+        return cls(model, tokenizer, eos, pad if pad is not None else (eos[0] if eos else 0))
+
+    def prompt_ids(self, dataset, item) -> list[int]:
+        """The item's first turn, as the harness prompts it."""
+        return prompt_ids(dataset, self.tokenizer, PromptFormat(dataset.format), item, 0, ())
 
 
 def cpu_model() -> str:
