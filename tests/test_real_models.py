@@ -86,18 +86,19 @@ TREE_TOKENS = 32
 def test_token_trees_equal_generate(smollm2, dataset_name):
     import os
 
-    from experiments.benchmark import Session
     from experiments.datasets import get_dataset
+    from experiments.runner import prompt_ids
+    from experiments.schema import PromptFormat
 
     model, tokenizer = smollm2
-    session = Session(model, tokenizer, "smollm2_135m", (tokenizer.eos_token_id,), tokenizer.eos_token_id)
     dataset = get_dataset(dataset_name)
-    items = dataset.load(os.environ.get("LOOKAHEAD_DATA_ROOT", str(DATA)), 20, 0, source="local")
+    # spread over MT-Bench's 8 categories (its first 20 questions are all writing and roleplay)
+    items = dataset.load(os.environ.get("LOOKAHEAD_DATA_ROOT", str(DATA)), 20, 0, source="local", order="spread")
     assert len(items) == 20
     limits = DecodeLimits(max_new_tokens=TREE_TOKENS, eos_token_ids=(tokenizer.eos_token_id,))
     accepted_deep = 0
     for item in items:
-        ids = session.prompt_ids(dataset, item)
+        ids = prompt_ids(dataset, tokenizer, PromptFormat(dataset.format), item, 0, ())
         x = torch.tensor([ids])
         expected = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=TREE_TOKENS,
                                   eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.eos_token_id)
