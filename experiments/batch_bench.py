@@ -46,7 +46,7 @@ from lookahead_core import cost_model as cm
 from lookahead_core import models as model_loader
 
 from .datasets import get_dataset
-from .runner import ForwardMeter, eos_token_ids, prompt_ids
+from .runner import ForwardMeter, eos_token_ids, pad_token_id, prompt_ids
 from .schema import PromptFormat
 from .tiny_tokenizer import ByteTokenizer
 
@@ -78,8 +78,7 @@ class Session:
         model, tokenizer = model_loader.load_model(spec, dtype="float32", device="cpu")
         tokenizer = tokenizer if tokenizer is not None else ByteTokenizer(model.config.vocab_size)
         eos = eos_token_ids(model, tokenizer, ())
-        pad = model.generation_config.pad_token_id
-        return cls(model, tokenizer, eos, pad if pad is not None else (eos[0] if eos else 0))
+        return cls(model, tokenizer, eos, pad_token_id(model, eos))
 
     def prompt_ids(self, dataset, item) -> list[int]:
         """The item's first turn, as the harness prompts it."""

@@ -327,9 +327,9 @@ def rouge_table(table: pd.DataFrame) -> pd.DataFrame:
 # One job's summary (printed at the end of every run), Spec-Bench's leaderboard
 
 
-def job_summary(path: Path) -> str:
-    """The table of one results CSV, its plot (written beside it) and a line on what it means."""
-    df = load_results([path])
+def job_summary(path: Path, df: pd.DataFrame) -> str:
+    """The table of one results CSV (``df``, as read by :func:`load_results`), its plot (written
+    beside it) and a line on what it means."""
     table = summarize(df)
     plot = plot_job(table, path.with_suffix(".png"))
     parts = [to_markdown(table, SUMMARY_COLUMNS)]

@@ -103,8 +103,9 @@ def run_job(settings: RunSettings, adapter: DatasetAdapter, items: list[Item]) -
         finally:
             progress.close()
             job.meter.close()
-    print(report.job_summary(store.path))
-    check_lossless(report.load_results([store.path]), store.path)
+    rows = report.load_results([store.path])
+    print(report.job_summary(store.path, rows))
+    check_lossless(rows, store.path)
     return store.path
 
 
@@ -243,8 +244,7 @@ class Job:
         model, tokenizer = cls._load(settings, settings.model.spec)
         settings = with_eos(settings, eos_token_ids(model, tokenizer, settings.model.extra_eos_token_ids))
         eos = settings.limits.eos_token_ids
-        pad = model.generation_config.pad_token_id
-        pad = pad if pad is not None else (eos[0] if eos else 0)
+        pad = pad_token_id(model, eos)
         spec = settings.model
         constants = {
             "experiment": settings.experiment, "dataset": settings.dataset.name, "model": spec.name,
@@ -394,7 +394,7 @@ def _turn_rows(job: Job, item: Item, turn: int, results: dict[str, Timed], answe
         if settings.score and tuple(tokens) not in scores:  # same tokens, same score: run the sandbox once
             scores[tuple(tokens)] = score(job.adapter, item, text, settings.prompt_format, settings.sandbox)
         row = make_row(job, item, turn, decoder, timed, sampling.temperature, order.index(decoder))
-        row.update(compare_to_baseline(job.model, prompts, settings.baseline.name, decoder.name, baseline, tokens,
+        row.update(compare_to_baseline(job.lm, prompts, settings.baseline.name, decoder.name, baseline, tokens,
                                        decoder is settings.baseline, sampling))
         row.update(scores.get(tuple(tokens), {}))
         row["text"] = text
@@ -486,6 +486,12 @@ def plain_transcript(messages: Sequence[dict[str, str]]) -> str:
     """Chat messages as plain text, for models without a chat template (base and tiny models)."""
     lines = [f"{message['role'].capitalize()}: {message['content']}" for message in messages]
     return "\n\n".join(lines) + "\n\nAssistant:"
+
+
+def pad_token_id(model: Any, eos: Sequence[int]) -> int:
+    """The generation config's pad id, else the first EOS id, else 0 (what batched ``generate`` pads with)."""
+    pad = model.generation_config.pad_token_id
+    return pad if pad is not None else (eos[0] if eos else 0)
 
 
 def eos_token_ids(model: Any, tokenizer: Any, extra: Iterable[int]) -> tuple[int, ...]:
