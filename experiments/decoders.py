@@ -7,7 +7,9 @@ decoder by name: it calls
 
 * :meth:`Decoder.prepare` once, after the model loads (``auto`` calibrates, ``hf_assisted`` loads
   its draft model),
-* :meth:`Decoder.generate` per prompt (the runner times every call alike with forward hooks),
+* :meth:`Decoder.generate` per prompt (the runner times every call alike with forward hooks), or
+  :meth:`Decoder.generate_batch` per batch of prompts with ``batch_size`` > 1 (decoders with
+  ``batched = True``),
 * :meth:`Decoder.columns` for the row's config columns.
 
 Adding a method (README, "Adding a decoder"): a class with a ``Params`` dataclass (its yaml keys,
@@ -23,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Optional
 
@@ -54,6 +57,7 @@ class Decoder:
 
     kind: ClassVar[str]
     family: ClassVar[str] = "core"     # "core": this project's decode loop; "hf": transformers generate
+    batched: ClassVar[bool] = False    # has generate_batch (the job's batch_size may exceed 1)
 
     @dataclass
     class Params:
@@ -85,6 +89,11 @@ class Decoder:
     def generate(self, job: Any, ids: list[int], state: Any, limits: DecodeLimits,
                  sampling: SamplingConfig) -> Generation:
         raise NotImplementedError
+
+    def generate_batch(self, job: Any, prompts: list[list[int]], limits: DecodeLimits,
+                       sampling: SamplingConfig) -> list[Generation]:
+        """Each prompt's generation, the batch decoded together (fresh conversations: no state)."""
+        raise NotImplementedError(f"{self.name} decodes one sequence at a time")
 
 
 def _plain(params: Any) -> Any:
@@ -133,6 +142,7 @@ class CoreDecoder(Decoder):
     (W, N, G), with the prompt pool, pool-only, ...: whatever the ``LookaheadConfig`` fields say."""
 
     Params = _core_params()
+    batched = True
 
     def __init__(self, name: str, params: Any, seed: int = 0) -> None:
         super().__init__(name, params, seed)
@@ -169,6 +179,12 @@ class CoreDecoder(Decoder):
 
         out = decode(job.lm, ids, self.config, limits, sampling, state=state, tokenizer=job.tokenizer)
         return Generation(out.tokens, out.state, out.stats)
+
+    def generate_batch(self, job, prompts, limits, sampling) -> list[Generation]:
+        from lookahead_core import decode_batch
+
+        outs = decode_batch(job.lm, prompts, self.config, limits, sampling, tokenizer=job.tokenizer)
+        return [Generation(out.tokens, None, out.stats) for out in outs]
 
 
 @register("auto")
@@ -222,15 +238,25 @@ class HFGenerate(Decoder):
     """``model.generate``: greedy at temperature 0, else sampling (the job's temperature)."""
 
     family = "hf"
+    batched = True      # the assisted subclasses are not: transformers takes batch size 1 there
 
     def generate_kwargs(self, job) -> dict[str, Any]:
         return {}
 
     def generate(self, job, ids, state, limits, sampling) -> Generation:
+        return self.generate_batch(job, [ids], limits, sampling)[0]
+
+    def generate_batch(self, job, prompts, limits, sampling) -> list[Generation]:
+        """``generate`` on the prompts left-padded with the job's pad id (a batch of one: no padding).
+        Each row is cut after its first EOS; in a batch, a row without one loses the pad ids
+        ``generate`` filled in once it had stopped (at a stop string)."""
         import torch
 
         model = job.model
-        x = torch.tensor([ids], device=model.device)
+        pad = job.pad_token_id
+        width = max(map(len, prompts))
+        x = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts], device=model.device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=model.device)
         kwargs = self.generate_kwargs(job)
         if sampling.greedy:
             kwargs.update(do_sample=False)
@@ -240,15 +266,29 @@ class HFGenerate(Decoder):
                           top_p=sampling.top_p)
         if limits.stop_strings:
             kwargs.update(stop_strings=list(limits.stop_strings), tokenizer=job.tokenizer)
-        out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=limits.max_new_tokens,
-                             eos_token_id=list(limits.eos_token_ids) or None, pad_token_id=job.pad_token_id,
-                             **kwargs)
-        return Generation(out[0, len(ids):].tolist())
+        out = model.generate(x, attention_mask=mask, max_new_tokens=limits.max_new_tokens,
+                             eos_token_id=list(limits.eos_token_ids) or None, pad_token_id=pad, **kwargs)
+        rows = out[:, width:].tolist()
+        return [Generation(_finished_row(row, limits.eos_token_ids, pad, padded=len(rows) > 1)) for row in rows]
+
+
+def _finished_row(row: list[int], eos: Sequence[int], pad: int, *, padded: bool) -> list[int]:
+    """A ``generate`` row up to its first EOS (kept); without one and ``padded``, its trailing pad
+    ids go (a model that itself ends on the pad id loses those too: pad ids are rarely sampled)."""
+    for i, token in enumerate(row):
+        if token in eos:
+            return row[: i + 1]
+    if padded:
+        while row and row[-1] == pad:
+            row = row[:-1]
+    return row
 
 
 @register("hf_pld")
 class HFPromptLookup(HFGenerate):
     """transformers prompt lookup: ``generate(prompt_lookup_num_tokens=k)``."""
+
+    batched = False
 
     @dataclass
     class Params:
@@ -275,6 +315,8 @@ class HFAssisted(HFGenerate):
     """transformers assisted decoding with a draft model (``assistant_model``: any ``load_model``
     spec). When the draft's tokenizer differs from the target's, transformers' cross-tokenizer
     assisted decoding runs (``generate(tokenizer=..., assistant_tokenizer=...)``)."""
+
+    batched = False
 
     @dataclass
     class Params:
@@ -317,6 +359,8 @@ class HFEarlyExit(HFGenerate):
     """transformers early-exit self-speculation: the first ``assistant_early_exit`` layers of the
     model draft, the whole model verifies (``generate(assistant_early_exit=k)``; models trained for
     it, e.g. LayerSkip, accept far more than others)."""
+
+    batched = False
 
     @dataclass
     class Params:

@@ -26,13 +26,14 @@ from .metrics import ROUGE_TYPES, bootstrap_ci, pass_at_k_report
 GROUP = ["experiment", "model", "device", "dtype", "config", "settings"]
 PAIR = ["item_id", "turn", "seed"]
 BOOL_COLUMNS = ["baseline", "prompt_pool", "pool_only", "matches_greedy", "passed"]
-TEXT_COLUMNS = ["experiment", "dataset", "item_id", "category", "model", "decoder", "family", "config", "settings",
+TEXT_COLUMNS = ["experiment", "dataset", "item_id", "batch_items", "category", "model", "decoder", "family", "config", "settings",
                 "assistant", "params", "git_commit", "text", "diff_verdict", "sandbox"]
 PASS_KS = (1, 10, 100)
 
 SUMMARY_COLUMNS = [
     "experiment", "model", "dtype", "decoder", "against", "config", "max_new_tokens", "items", "rows", "new_tokens",
-    "S", "speedup", "speedup_median", "tok_s_base", "tok_s", "matches_greedy", "overhead", "pass@1", "pass@1_base",
+    "S", "speedup", "speedup_median", "tok_s_base", "tok_s", "batch_size", "throughput", "matches_greedy", "overhead",
+    "pass@1", "pass@1_base",
 ]  # fmt: skip
 QUALITY_COLUMNS = [
     *ROUGE_TYPES, *(f"{kind}_base" for kind in ROUGE_TYPES),
@@ -107,7 +108,9 @@ def _summarize_decoder(keys: tuple, base: pd.DataFrame, tested: pd.DataFrame) ->
         new_tokens=tested["new_tokens"].mean(),
         S=(tested["new_tokens"] - 1).clip(lower=0).sum() / steps if steps else 1.0,
         tokens_per_step=tested["step_tokens_mean"].mean(),
-        tok_s=_ratio(tested["new_tokens"].sum(), tested["decode_s"].sum()),
+        tok_s=_ratio(tested["new_tokens"].sum(), tested["decode_s"].sum()),   # per sequence
+        batch_size=int(tested["batch_size"].fillna(1).max()),
+        throughput=_throughput(tested),
         tok_s_median=tested["tokens_per_s"].median(),
         tok_s_q1=tested["tokens_per_s"].quantile(0.25),
         tok_s_q3=tested["tokens_per_s"].quantile(0.75),
@@ -132,6 +135,17 @@ def _summarize_decoder(keys: tuple, base: pd.DataFrame, tested: pd.DataFrame) ->
                 row[f"{kind}_diff"] = diff.mean()
                 row[f"{kind}_diff_lo"], row[f"{kind}_diff_hi"] = bootstrap_ci(diff.to_numpy())
     return row
+
+
+def _throughput(rows: pd.DataFrame) -> float:
+    """Tokens/s of whole calls: each call's new tokens (every sequence of its batch) over its
+    decode time, summed over calls. With batch size 1 it is ``tok_s``; rows written before the
+    batch columns count as calls of one sequence each."""
+    solo = rows["batch"].isna()
+    calls = rows.assign(batch=rows["batch"].where(~solo, -1.0 - pd.Series(range(len(rows)), index=rows.index)),
+                        batch_new_tokens=rows["batch_new_tokens"].where(~solo, rows["new_tokens"]))
+    calls = calls.drop_duplicates(["batch", "turn", "seed"])
+    return _ratio(calls["batch_new_tokens"].sum(), calls["decode_s"].sum())
 
 
 def _ratio(numerator: float, denominator: float) -> float:

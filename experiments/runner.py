@@ -7,8 +7,12 @@ each. Every call is timed the same way, whatever the decoder (this project's loo
 the first forward, ``decode_s`` = wall clock - prefill, ``steps`` = forwards - 1 and
 ``overhead_frac`` = share of ``decode_s`` outside the model. Each conversation keeps its own
 state, so turn 2 follows that decoder's own first answer (core decoders also reuse its KV cache).
-One CSV row per item, turn and decoder is appended as soon as the item finishes; a rerun of the
-same command skips finished items. Aggregates are :mod:`experiments.report`'s, never computed here.
+With ``batch_size`` B > 1 the items go in batches of B consecutive items of the subset: each
+decoder decodes a batch's prompts in one call (one forward per step for all), turn by turn, each
+turn prefilled afresh; every row of a batch has the call's timings and records the batch's index,
+items and size. One CSV row per item, turn and decoder is appended as soon as its batch finishes;
+a rerun of the same command skips finished items (an unfinished batch is redone whole, writing the
+rows it lacks). Aggregates are :mod:`experiments.report`'s, never computed here.
 """
 
 from __future__ import annotations
@@ -51,10 +55,11 @@ COLUMN_GROUPS: dict[str, tuple[str, ...]] = {
         "experiment", "dataset", "item_id", "category", "turn", "model", "dtype", "device",
         "decoder", "family", "baseline", "config", "settings", "W", "N", "G", "prompt_pool", "pool_only",
         "prompt_lookup", "assistant", "params", "temperature", "top_k", "top_p", "seed", "max_new_tokens",
-        "threads", "repeats", "order", "load_avg", "torch", "transformers", "git_commit",
+        "threads", "repeats", "order", "batch_size", "batch", "batch_items", "load_avg", "torch", "transformers",
+        "git_commit",
     ),
     "how it went": (
-        "prompt_tokens", "prefill_tokens", "new_tokens", "forwards", "steps", "S", "accepted_hist",
+        "prompt_tokens", "prefill_tokens", "new_tokens", "batch_new_tokens", "forwards", "steps", "S", "accepted_hist",
         "step_tokens_mean", "step_tokens_hist", "draft_acceptance", "prefill_s", "decode_s", "wall_s", "tokens_per_s",
         "model_s", "overhead_frac",
     ),
@@ -77,29 +82,33 @@ def run_job(settings: RunSettings, adapter: DatasetAdapter, items: list[Item]) -
     settings = replace(settings, device=resolve_device(settings.device))
     plan_keys = {item.item_id: expected_keys(adapter, item, settings) for item in items}
     store = ResultStore(settings.results_path(), plan_keys)
-    # The index in the subset (not in the to-do list) sets the decoder order, so a resumed run
-    # measures each item exactly as an uninterrupted one would.
-    todo = [(index, item) for index, item in enumerate(items) if item.item_id not in store.finished]
+    # Batches are cut from the whole subset and their index (not the position in the to-do list)
+    # sets the decoder order, so a resumed run measures each batch exactly as an uninterrupted one would.
+    size = settings.batch_size
+    batches = [items[start:start + size] for start in range(0, len(items), size)]
+    todo = [(index, batch) for index, batch in enumerate(batches)
+            if any(item.item_id not in store.finished for item in batch)]
     label = f"{settings.experiment}/{settings.model.name}/{settings.config_tag}"
-    print(f"{label}: {len(items) - len(todo)} of {len(items)} items already in {store.path}")
+    print(f"{label}: {len(store.finished)} of {len(items)} items already in {store.path}"
+          + (f" (batches of {size})" if size > 1 else ""))
     if todo:
         started = time.perf_counter()
         job = Job.start(settings, adapter, items)
         for decoder in settings.decoders:
             decoder.prepare(job)
         job.warm_up(todo[0][1])
-        progress = Progress(len(todo), label, settings.baseline.name)
+        progress = Progress(sum(len(batch) for _, batch in todo), label, settings.baseline.name)
         longest = 0.0
         try:
-            for index, item in todo:
+            for index, batch in todo:
                 if settings.time_budget and time.perf_counter() - started + longest > settings.time_budget:
                     print(f"time budget of {settings.time_budget:g} s reached: rerun the command to resume")
                     break
-                item_start = time.perf_counter()
-                rows = run_item(job, item, index)
+                batch_start = time.perf_counter()
+                rows = [row for row in run_batch(job, batch, index) if row["item_id"] not in store.finished]
                 store.append(rows)
                 progress.update(rows)
-                longest = max(longest, time.perf_counter() - item_start)
+                longest = max(longest, time.perf_counter() - batch_start)
         finally:
             progress.close()
             job.meter.close()
@@ -212,6 +221,8 @@ class Timed:
     prefill_s: float
     model_s: float              # the model's forwards after the prefill
     forwards: int
+    steps: int | None = None    # this sequence's own steps when a batch shared the forwards
+    batch_new_tokens: int | None = None   # every sequence's new tokens, when a batch shared the call
 
     @property
     def decode_s(self) -> float:
@@ -290,26 +301,40 @@ class Job:
             sampling = replace(sampling, temperature=float(item.extra["temperature"]))
         return sampling
 
-    def timed(self, decoder: Decoder, ids: list[int], state: Any, limits: DecodeLimits | None = None,
-              sampling: SamplingConfig | None = None) -> Timed:
-        """One call of ``decoder``, timed by the forward hooks."""
+    def timed(self, decoder: Decoder, prompts: list[list[int]], states: list[Any] | None = None,
+              limits: DecodeLimits | None = None, sampling: SamplingConfig | None = None) -> list[Timed]:
+        """One call of ``decoder`` on the prompts, timed by the forward hooks: ``generate`` for a job
+        of batch size 1 (continuing ``states``), else ``generate_batch``, whose call time and
+        forwards every sequence's :class:`Timed` shares."""
+        limits, sampling = limits or self.settings.limits, sampling or self.settings.sampling
         self.meter.reset()
         _sync(self.model)
         start = time.perf_counter()
-        output = decoder.generate(self, ids, state, limits or self.settings.limits, sampling or self.settings.sampling)
+        if self.settings.batch_size == 1:
+            outputs = [decoder.generate(self, prompts[0], (states or [None])[0], limits, sampling)]
+        else:
+            outputs = decoder.generate_batch(self, prompts, limits, sampling)
         _sync(self.model)
         wall = time.perf_counter() - start
         durations = self.meter.durations
-        return Timed(output, len(ids), wall, durations[0] if durations else 0.0, sum(durations[1:]), len(durations))
+        shared = (wall, durations[0] if durations else 0.0, sum(durations[1:]), len(durations))
+        if self.settings.batch_size == 1:
+            return [Timed(outputs[0], len(prompts[0]), *shared)]
+        total = sum(len(output.tokens) for output in outputs)
+        # A sequence's steps: the core counts its own; generate commits one token per forward.
+        return [Timed(output, len(ids), *shared,
+                      steps=output.stats.steps if output.stats is not None else max(len(output.tokens) - 1, 0),
+                      batch_new_tokens=total) for output, ids in zip(outputs, prompts, strict=True)]
 
-    def warm_up(self, item: Item) -> None:
-        """Untimed short decodes of each decoder, so the first timed item pays no one-off costs."""
-        ids = self.prompt_ids(item, 0, ())
+    def warm_up(self, batch: Sequence[Item]) -> None:
+        """Untimed short decodes of each decoder on the first turns of a batch (batch size 1: one
+        item), so the first timed batch pays no one-off costs."""
+        prompts = [self.prompt_ids(item, 0, ()) for item in batch]
         limits = DecodeLimits(min(WARMUP_TOKENS, self.settings.limits.max_new_tokens),
                               self.settings.limits.eos_token_ids)
         for _ in range(self.settings.warmup):
             for decoder in self.settings.decoders:
-                self.timed(decoder, ids, None, limits, self.sampling(item))
+                self.timed(decoder, prompts, None, limits, self.sampling(batch[0]))
 
     def text(self, tokens: list[int]) -> str:
         return self.tokenizer.decode(tokens, skip_special_tokens=True)
@@ -346,30 +371,45 @@ def rotated(decoders: Sequence[Decoder], index: int) -> list[Decoder]:
     return list(decoders[shift:]) + list(decoders[:shift])
 
 
-def run_item(job: Job, item: Item, index: int) -> list[dict[str, Any]]:
-    """Every turn of one item with each decoder; returns its rows (baseline rows first)."""
+def run_batch(job: Job, batch: Sequence[Item], index: int) -> list[dict[str, Any]]:
+    """Every turn of a batch of items (batch size 1: one item) with each decoder, the decoders in
+    an order rotated by ``index``; returns the rows, per turn and item the baseline's first.
+    Turn t decodes the items that have a turn t, each continuing its own conversation with that
+    decoder; the sampling settings are the first item's (a batch shares one temperature)."""
     settings = job.settings
     decoders = settings.decoders
-    sampling = job.sampling(item)
+    sampling = job.sampling(batch[0])
     order = rotated(decoders, index)
-    states: dict[str, Any] = {d.name: None for d in decoders}
-    answers: dict[str, list[str]] = {d.name: [] for d in decoders}
+    turns = {item.item_id: num_turns(job.adapter, item, settings) for item in batch}
+    states: dict[tuple[str, str], Any] = {}
+    answers: dict[tuple[str, str], list[str]] = {(i.item_id, d.name): [] for i in batch for d in decoders}
+    batch_columns = {"batch_size": settings.batch_size, "batch": index,
+                     "batch_items": " ".join(item.item_id for item in batch)}
     rows = []
-    for turn_index in range(num_turns(job.adapter, item, settings)):
-        prompts = {d.name: job.prompt_ids(item, turn_index, answers[d.name]) for d in decoders}
-        runs: dict[str, list[Timed]] = {d.name: [] for d in decoders}
+    for turn_index in range(max(turns.values())):
+        live = [item for item in batch if turns[item.item_id] > turn_index]
+        prompts = {key: job.prompt_ids(item, turn_index, answers[key])
+                   for item in live for key in ((item.item_id, d.name) for d in decoders)}
+        runs: dict[str, list[list[Timed]]] = {d.name: [] for d in decoders}
         for _ in range(settings.repeats):
             for decoder in order:
-                state = states[decoder.name]
+                keys = [(item.item_id, decoder.name) for item in live]
                 # Each repeat must start from the same conversation: decode() extends the cache.
-                if isinstance(state, DecodeState) and settings.repeats > 1:
-                    state = state.copy()
-                runs[decoder.name].append(job.timed(decoder, prompts[decoder.name], state, sampling=sampling))
-        results = {name: _median(timed) for name, timed in runs.items()}
-        for decoder in decoders:
-            states[decoder.name] = results[decoder.name].output.state
-            answers[decoder.name].append(job.text(results[decoder.name].output.tokens))
-        rows += _turn_rows(job, item, turn_index + 1, results, answers, sampling, order, prompts)
+                run_states = [states.get(key) for key in keys]
+                if settings.repeats > 1:
+                    run_states = [s.copy() if isinstance(s, DecodeState) else s for s in run_states]
+                runs[decoder.name].append(job.timed(decoder, [prompts[key] for key in keys], run_states,
+                                                    sampling=sampling))
+        for position, item in enumerate(live):
+            results = {name: _median([timed[position] for timed in repeats]) for name, repeats in runs.items()}
+            for decoder in decoders:
+                key = (item.item_id, decoder.name)
+                states[key] = results[decoder.name].output.state
+                answers[key].append(job.text(results[decoder.name].output.tokens))
+            item_prompts = {d.name: prompts[item.item_id, d.name] for d in decoders}
+            item_answers = {d.name: answers[item.item_id, d.name] for d in decoders}
+            for row in _turn_rows(job, item, turn_index + 1, results, item_answers, sampling, order, item_prompts):
+                rows.append({**row, **batch_columns})
     return rows
 
 
@@ -407,7 +447,7 @@ def make_row(job: Job, item: Item, turn: int, decoder: Decoder, timed: Timed, te
     """What ran and how it went: every decoder's row is assembled here, the same way."""
     stats = timed.output.stats
     new = len(timed.output.tokens)
-    steps = max(timed.forwards - 1, 0)
+    steps = timed.steps if timed.steps is not None else max(timed.forwards - 1, 0)
     decode_s = timed.decode_s
     row = {
         **job.constants,
@@ -424,7 +464,8 @@ def make_row(job: Job, item: Item, turn: int, decoder: Decoder, timed: Timed, te
         "prompt_tokens": timed.prompt_tokens,
         "prefill_tokens": stats.prefill_tokens if stats is not None else timed.prompt_tokens,
         "new_tokens": new,
-        "forwards": timed.forwards,
+        "batch_new_tokens": timed.batch_new_tokens if timed.batch_new_tokens is not None else new,
+        "forwards": timed.forwards,                   # the call's (a batch's forwards are shared)
         "steps": steps,
         "S": (new - 1) / steps if steps else 1.0,   # tokens per verification forward after the first
         "prefill_s": timed.prefill_s,

@@ -141,6 +141,9 @@ class RunConfig:
     warmup: int = 1                        # untimed short decodes per decoder before the first item
     threads: Optional[int] = None          # torch.set_num_threads; None keeps torch's default
     time_budget: Optional[float] = None    # seconds: start no item that would end past it (a rerun resumes)
+    # Items decoded together, one forward per step for the batch (lookahead_core.decode_batch, or
+    # transformers' left-padded generate); rows stay one per item and decoder. 1: one at a time.
+    batch_size: int = 1
     # How generated code is run for pass@k: bwrap (bubblewrap, the default) or the weaker process
     # mode for machines without bubblewrap or user namespaces (see README, Sandbox).
     sandbox: str = "bwrap"
@@ -280,6 +283,7 @@ class RunSettings:
     item_temperature: bool = False         # items may carry their own temperature (MT-Bench)
     time_budget: float | None = None
     sandbox: str = "bwrap"                 # how generated code runs (not in the fingerprint: same verdicts)
+    batch_size: int = 1                    # items per batch (each decoder decodes a batch in one call)
 
     @property
     def decoders(self) -> tuple[Decoder, ...]:
@@ -304,6 +308,8 @@ class RunSettings:
         }
         if self.item_temperature:
             payload["item_temperature"] = True
+        if self.batch_size != 1:   # left out at 1, so files written before the knob keep their names
+            payload["batch_size"] = self.batch_size
         blob = json.dumps(payload, sort_keys=True, default=str)
         # The "h" stops CSV readers from parsing a hash such as "951e9898" as a number.
         return "h" + hashlib.sha1(blob.encode()).hexdigest()[:8]
@@ -339,6 +345,7 @@ def to_settings(cfg: DictConfig, *, device: str | None = None) -> RunSettings:
     _check(run.threads is None or run.threads >= 1, "threads", ">= 1 or null", run.threads)
     _check(run.time_budget is None or run.time_budget > 0, "time_budget", "> 0 or null", run.time_budget)
     _check(run.sandbox in sandbox.MODES, "sandbox", f"one of {list(sandbox.MODES)}", run.sandbox)
+    _check(run.batch_size >= 1, "batch_size", ">= 1", run.batch_size)
     _check(dataset.name in DATASETS, "dataset.name", f"one of {sorted(DATASETS)}", dataset.name)
     _check(dataset.limit is None or dataset.limit >= 0, "dataset.limit", ">= 0 or null", dataset.limit)
     _check(dataset.offset >= 0, "dataset.offset", ">= 0", dataset.offset)
@@ -360,6 +367,14 @@ def to_settings(cfg: DictConfig, *, device: str | None = None) -> RunSettings:
     names = [d.name for d in (baseline, *candidates)]
     if len(set(names)) != len(names):
         raise ConfigError(f"decoders: names must differ, got {names}; name variants with {{use: <option>, name: ...}}")
+    if run.batch_size > 1:
+        unbatched = [d.name for d in (baseline, *candidates) if not d.batched]
+        if unbatched:
+            raise ConfigError(f"batch_size: {', '.join(unbatched)} decode one sequence at a time "
+                              f"(transformers' assisted generation takes batch size 1); run them with batch_size=1")
+        if job.item_temperature:
+            raise ConfigError("batch_size: a batch decodes at one temperature; decoding.item_temperature "
+                              "needs batch_size=1")
     limits = _build("experiment", DecodeLimits, max_new_tokens=run.experiment.max_new_tokens,
                     stop_strings=tuple(run.experiment.stop_strings))
 
@@ -391,6 +406,7 @@ def to_settings(cfg: DictConfig, *, device: str | None = None) -> RunSettings:
         item_temperature=job.item_temperature,
         time_budget=run.time_budget,
         sandbox=run.sandbox,
+        batch_size=run.batch_size,
     )
 
 

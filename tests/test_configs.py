@@ -180,6 +180,11 @@ def test_smollm2_grid_ties_guess_to_window() -> None:
     ("experiment=mtbench decoding=auto decoding.calibration_items=0", "decoding.calibration_items"),
     ("experiment=mtbench decoding=tree decoding.budget=1", "budget"),
     ("experiment=mtbench decoding=tree decoding.suffix=-1", "suffix"),
+    ("batch_size=0", "batch_size"),
+    ("experiment=mtbench batch_size=2 decoders=[lookahead,hf_pld]", "batch_size: hf_pld"),
+    ("experiment=mtbench batch_size=4 decoding=hf_assisted", "batch_size: hf_assisted"),
+    ("experiment=mtbench batch_size=2 baseline=hf_early_exit", "batch_size: hf_early_exit"),
+    ("experiment=mtbench batch_size=2 decoding=lookahead_sampling decoding.item_temperature=true", "batch_size"),
 ])
 def test_bad_values_fail_naming_the_key_before_any_model_loads(override: str, key: str) -> None:
     with pytest.raises(Exception) as caught:

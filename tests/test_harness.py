@@ -104,30 +104,30 @@ def test_every_dataset_runs_and_is_scored(tmp_path: Path, experiment: str, metri
 
 
 def test_a_crash_loses_nothing_and_a_rerun_duplicates_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    real_run_item = runner.run_item
+    real_run_batch = runner.run_batch
     calls: list[str] = []
 
     class Crash(Exception):
         pass
 
-    def crash_on_second(session, item, index):
+    def crash_on_second(session, batch, index):
         if calls:
             raise Crash
-        calls.append(item.item_id)
-        return real_run_item(session, item, index)
+        calls.extend(item.item_id for item in batch)
+        return real_run_batch(session, batch, index)
 
     overrides = ["experiment=mtbench", "experiment.max_new_tokens=24", "dataset.turns=1"]
-    monkeypatch.setattr(runner, "run_item", crash_on_second)
+    monkeypatch.setattr(runner, "run_batch", crash_on_second)
     with pytest.raises(Crash):
         run(tmp_path, *overrides, "dataset.limit=3")
     path = next((tmp_path / "raw").rglob("*.csv"))
     assert_complete(read_rows(path), items=1, turns=1)
 
-    def counting(session, item, index):
-        calls.append(item.item_id)
-        return real_run_item(session, item, index)
+    def counting(session, batch, index):
+        calls.extend(item.item_id for item in batch)
+        return real_run_batch(session, batch, index)
 
-    monkeypatch.setattr(runner, "run_item", counting)
+    monkeypatch.setattr(runner, "run_batch", counting)
     assert run(tmp_path, *overrides, "dataset.limit=3") == path
     assert calls == ["81", "82", "83"], "the finished item was run again"
     assert_complete(read_rows(path), items=3, turns=1)
@@ -143,6 +143,85 @@ def test_a_crash_loses_nothing_and_a_rerun_duplicates_nothing(tmp_path: Path, mo
     run(tmp_path, *overrides, "dataset.limit=4")
     assert calls == ["83", "84"]
     assert_complete(read_rows(path), items=4, turns=1)
+
+
+BATCHED = ["experiment=mtbench", "experiment.max_new_tokens=20", "baseline=hf_greedy",
+           "decoders=[greedy,lookahead,{use:tree,budget:8}]", "dataset.limit=3"]
+
+
+def test_batches_keep_a_row_per_item_record_the_batch_and_give_the_tokens_of_one_at_a_time(tmp_path: Path) -> None:
+    one = run(tmp_path / "one", *BATCHED)
+    two = run(tmp_path / "two", *BATCHED, "batch_size=2")
+    assert one.name != two.name, "a batched job must not resume an unbatched job's file"
+    single, batched = read_rows(one), read_rows(two)
+    assert_complete(batched, items=3, turns=2, decoders=4)
+    # Greedy decoders give each sequence the tokens it gets alone, batched generate included; turn
+    # 2 (its prompt built from each decoder's own turn-1 answer, prefilled afresh) too.
+    pairs = batched.merge(single, on=["item_id", "turn", "decoder"], suffixes=("", "_one"))
+    assert len(pairs) == len(batched) and (pairs["text"] == pairs["text_one"]).all()
+    assert batched[~batched["baseline"]]["matches_greedy"].all()
+    assert (single["batch_size"] == 1).all() and (single["batch_items"] == single["item_id"]).all()
+    assert (batched["batch_size"] == 2).all()
+    assert dict(zip(batched["item_id"], batched["batch"])) == {"81": 0, "82": 0, "83": 1}
+    assert dict(zip(batched["item_id"], batched["batch_items"])) == {"81": "81 82", "82": "81 82", "83": "83"}
+    for _, call in batched.groupby(["batch", "turn", "decoder"]):   # one call decoded the batch
+        assert call["forwards"].nunique() == 1 and call["decode_s"].nunique() == 1
+        assert (call["batch_new_tokens"] == call["new_tokens"].sum()).all()
+    greedy = batched[batched["decoder"].isin(["greedy", "hf_greedy"])]
+    assert (greedy["steps"] == greedy["new_tokens"] - 1).all() and (greedy["S"] == 1).all()
+    drafted = batched[batched["decoder"].isin(["lookahead", "tree"])]
+    assert (drafted["steps"] <= drafted["forwards"] - 1).all() and (drafted["S"] >= 1).all()
+    summary = report.summarize(batched).set_index("decoder")
+    assert (summary["batch_size"] == 2).all()
+    calls = batched.drop_duplicates(["batch", "turn", "decoder"])
+    for decoder, row in summary.iterrows():   # batch throughput: a call's tokens over its time
+        mine = calls[calls["decoder"] == decoder]
+        assert row["throughput"] == pytest.approx(mine["batch_new_tokens"].sum() / mine["decode_s"].sum())
+        assert row["throughput"] > row["tok_s"]
+
+
+def test_a_batched_run_resumes_redoing_only_unfinished_batches_and_writing_only_missing_rows(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real_run_batch = runner.run_batch
+    calls: list[list[str]] = []
+
+    class Crash(Exception):
+        pass
+
+    def crash_on_second(job, batch, index):
+        if calls:
+            raise Crash
+        calls.append([item.item_id for item in batch])
+        return real_run_batch(job, batch, index)
+
+    overrides = [*BATCHED[:-1], "dataset.turns=1", "batch_size=2"]
+    monkeypatch.setattr(runner, "run_batch", crash_on_second)
+    with pytest.raises(Crash):
+        run(tmp_path, *overrides, "dataset.limit=4")
+    path = next((tmp_path / "raw").rglob("*.csv"))
+    first = read_rows(path)
+    assert_complete(first, items=2, turns=1, decoders=4)
+
+    def counting(job, batch, index):
+        calls.append([item.item_id for item in batch])
+        return real_run_batch(job, batch, index)
+
+    monkeypatch.setattr(runner, "run_batch", counting)
+    calls.clear()
+    assert run(tmp_path, *overrides, "dataset.limit=4") == path
+    assert calls == [["83", "84"]], "a finished batch was run again"
+    assert_complete(read_rows(path), items=4, turns=1, decoders=4)
+
+    # One row of item 82 lost: batch 0 is decoded again, and only 82's rows are written.
+    raw = pd.read_csv(path, dtype=str, keep_default_na=False)
+    raw.drop(index=raw[raw["item_id"] == "82"].index[-1]).to_csv(path, index=False)
+    calls.clear()
+    run(tmp_path, *overrides, "dataset.limit=4")
+    assert calls == [["81", "82"]]
+    after = read_rows(path)
+    assert_complete(after, items=4, turns=1, decoders=4)
+    kept = after[after["item_id"] == "81"].set_index("decoder")["decode_s"]
+    assert kept.equals(first[first["item_id"] == "81"].set_index("decoder")["decode_s"]), "81's rows were rewritten"
 
 
 def test_report_tables_and_plots(mtbench_csv: Path, tmp_path: Path) -> None:
@@ -299,9 +378,9 @@ def test_a_job_with_three_decoders_writes_a_row_per_item_per_decoder_and_resumes
     second = df[df["item_id"] == "82"].sort_values("order")["decoder"].tolist()
     assert second == first[1:] + first[:1], "the order must rotate by one per item"
     calls: list[str] = []
-    real_run_item = runner.run_item
-    monkeypatch.setattr(runner, "run_item", lambda job, item, index: calls.append(item.item_id)
-                        or real_run_item(job, item, index))
+    real_run_batch = runner.run_batch
+    monkeypatch.setattr(runner, "run_batch", lambda job, batch, index: calls.extend(i.item_id for i in batch)
+                        or real_run_batch(job, batch, index))
     assert run(tmp_path, *overrides, "dataset.limit=3") == path
     assert calls == ["83"]
     assert_complete(read_rows(path), items=3, turns=1, decoders=4)
