@@ -17,9 +17,11 @@ import pandas as pd
 from tqdm import tqdm
 
 from lookahead_core import cost_model as cm
+from lookahead_core import decode
 from lookahead_core.config import DecodeLimits, LookaheadConfig, SamplingConfig
 
 FINALISTS = 3              # configs calibrated in full after the screen
+BATCH_LATENCY_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)   # tokens per sequence for t(B, k)
 SCREEN_MIN_TOKENS = 8      # the screen decodes max(this, calibration tokens / 4) tokens per prompt
 
 
@@ -65,17 +67,62 @@ def calibrate(
                     + "\n\nForward latency t(k)/t(1) on this device: "
                     + ", ".join(f"{k}: {r:.2f}" for k, r in report.cost_model.relative()),
     }
+    _write(path, record)
+    return record
+
+
+def _write(path: Path, record: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(path.suffix + ".partial")
     partial.write_text(json.dumps(record, indent=1, default=str) + "\n")
     partial.replace(path)
+
+
+def calibrate_batch(model, prompts: list[list[int]], limits: DecodeLimits, path: Path, record: dict, batch: int,
+                    *, grid: Sequence[LookaheadConfig] | None = None, sampling: SamplingConfig | None = None,
+                    repeats: int = 3) -> dict:
+    """The pick for batches of ``batch`` sequences, added to ``record`` (the B = 1 calibration,
+    saved again at ``path``) as ``record["batch"]``; a record that has it is returned as it is.
+
+    The B = 1 calibration's finalists (status ``calibrated``) decode each calibration prompt again
+    for their per-step records, t(B, k) is measured at B = 1 and B = ``batch``, and
+    :func:`lookahead_core.cost_model.choose_for_batch` predicts each finalist's speedup over batched
+    greedy for a batch made of those sequences; greedy wins where none is predicted above 1.
+    """
+    if "batch" in record:
+        return record
+    calibrated = {row["decoder"] for row in record["candidates"] if row["status"] == "calibrated"}
+    configs = {cm.config_label(c): c for c in (cm.default_grid() if grid is None else grid)
+               if cm.config_label(c) in calibrated}
+    kv_length = int(sum(map(len, prompts)) / len(prompts) + limits.max_new_tokens / 2)
+    costs = {size: cm.measure_latency(model, BATCH_LATENCY_SIZES, kv_length=kv_length, repeats=repeats, batch=size)
+             for size in sorted({1, batch})}
+    calibration = {}
+    for label, config in tqdm(configs.items(), desc=f"decoding=auto: per-step records for B={batch}", leave=False):
+        outs = [decode(model, prompt, config, limits, sampling).stats for prompt in prompts]
+        calibration[label] = (config, [(stats.step_tokens, stats.accepted) for stats in outs])
+    pick, predicted = cm.choose_for_batch(costs, calibration, batch)
+    chosen = calibration[pick][0] if pick != "greedy" else None
+    record = {**record, "batch": {
+        "batch_size": batch, "chosen": pick, "predicted": predicted,
+        "chosen_config": None if chosen is None else {k: v for k, v in asdict(chosen).items() if k != "seed"},
+        "latency": [row for c in costs.values() for row in c.to_rows()],
+    }}
+    record["markdown"] += (f"\n\nFor batches of {batch}: **{pick}** (predicted speedup over batched greedy: "
+                           + ", ".join(f"{k} {v:.2f}x" for k, v in predicted.items()) + ")")
+    _write(path, record)
     return record
 
 
 def chosen_config(record: dict, seed: int = 0) -> LookaheadConfig | None:
-    """The pick of a calibration record; ``None`` means greedy was predicted fastest."""
-    chosen = record["chosen_config"]
+    """The pick of a calibration record (for batches, when it has one); ``None`` means greedy was
+    predicted fastest."""
+    chosen = record["batch"]["chosen_config"] if "batch" in record else record["chosen_config"]
     return None if chosen is None else LookaheadConfig(**chosen, seed=seed)
+
+
+def chosen_label(record: dict) -> str:
+    return record["batch"]["chosen"] if "batch" in record else record["chosen"]
 
 
 def write_tables(record: dict, folder: Path) -> None:

@@ -6,7 +6,8 @@
 
 Decoders, each decoding the same batch of B prompts:
 
-* ``hf_greedy``: transformers ``generate(do_sample=False)`` on the batch, left-padded (the baseline);
+* ``hf_greedy``: transformers ``generate(do_sample=False)`` on the batch, left-padded (the baseline:
+  the harness's ``hf`` decoder, ``HFGenerate.generate_batch``, as ``run.py batch_size=B`` runs it);
 * ``core_greedy``: ``lookahead_core.decode_batch`` without lookahead;
 * ``pool_N3G1``, ``la_N4W5G5_pool``, ``tree_k6`` (pool + suffix + recycled token tree, 6 tokens a
   step): the same batched loop with drafts (``--decoders`` picks a subset).
@@ -15,7 +16,10 @@ Method. The model is loaded once; ``t(B, k)`` (one batched forward of B sequence
 after a 256-token cache) is measured first for the cost model. After an untimed warm-up of every
 decoder, for each dataset and B the first ``--batches`` batches of B consecutive prompts
 (``B = 16`` and ``--prompts 16``: one) are decoded by every decoder back to back, the order rotated
-per batch. ``decode_s`` = wall clock of the call minus its first forward (the prefill, timed by
+per batch. The ``--prompts`` are the dataset's first ones in ``--order spread`` (the default: the
+harness's ``dataset.order=spread``, round-robin over categories, shuffled with ``--seed`` within;
+MT-Bench's first 16 in file order are all writing and roleplay) or ``file`` order; ``meta.json``
+lists them per dataset and each row names its batch's items. ``decode_s`` = wall clock of the call minus its first forward (the prefill, timed by
 forward hooks for every decoder alike); throughput = the batch's new tokens / ``decode_s``; the
 speedup of a decoder at B = its tokens/s over ``hf_greedy``'s on the same batches (ratio of sums).
 One CSV row per sequence per decoder, appended when a batch finishes; a rerun resumes.
@@ -40,12 +44,13 @@ import torch
 from matplotlib.figure import Figure
 from tqdm import tqdm
 
-from lookahead_core import DecodeLimits, LookaheadConfig, decode_batch
+from lookahead_core import DecodeLimits, LookaheadConfig, SamplingConfig, decode_batch
 from lookahead_core import cost_model as cm
 
 from lookahead_core import models as model_loader
 
 from .datasets import get_dataset
+from .decoders import HFGenerate
 from .runner import ForwardMeter, eos_token_ids, pad_token_id, prompt_ids
 from .schema import PromptFormat
 from .tiny_tokenizer import ByteTokenizer
@@ -66,12 +71,13 @@ LATENCY_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 
 @dataclass
 class Session:
-    """The loaded model with what every batch needs (the harness's prompt and EOS rules)."""
+    """The loaded model with what every batch needs (the harness's prompt, EOS and pad rules); it
+    is the ``job`` the harness's decoders read (``model``, ``tokenizer``, ``pad_token_id``)."""
 
     model: Any
     tokenizer: Any
     eos: tuple[int, ...]
-    pad: int
+    pad_token_id: int
 
     @classmethod
     def load(cls, spec: str) -> Session:
@@ -98,29 +104,17 @@ def run_batch(session: Session, meter: ForwardMeter, name: str, prompts: list[li
     model = session.model
     meter.reset()
     start = time.perf_counter()
+    limits = DecodeLimits(max_new_tokens=max_new_tokens, eos_token_ids=session.eos)
     if name == BASELINE:
-        width = max(map(len, prompts))
-        ids = torch.tensor([[session.pad] * (width - len(p)) + p for p in prompts])
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-        out = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens,
-                             eos_token_id=list(session.eos) or None, pad_token_id=session.pad)
-        tokens = [_until_eos(row, session.eos) for row in out[:, width:].tolist()]
-        stats = [None] * len(prompts)
+        outs = HFGenerate(BASELINE, HFGenerate.Params()).generate_batch(session, prompts, limits, SamplingConfig())
+        tokens, stats = [o.tokens for o in outs], [None] * len(prompts)
     else:
-        limits = DecodeLimits(max_new_tokens=max_new_tokens, eos_token_ids=session.eos)
         outs = decode_batch(model, prompts, DECODERS[name], limits)
         tokens, stats = [o.tokens for o in outs], [o.stats for o in outs]
     wall = time.perf_counter() - start
     durations = meter.durations
     return {"tokens": tokens, "stats": stats, "wall_s": wall, "decode_s": wall - (durations[0] if durations else 0.0),
             "forwards": len(durations)}
-
-
-def _until_eos(row: list[int], eos: Sequence[int]) -> list[int]:
-    for i, token in enumerate(row):
-        if token in eos:
-            return row[: i + 1]
-    return row
 
 
 def batch_rows(dataset: str, B: int, index: int, items, prompts, results: dict[str, dict], settings: dict) -> list[dict]:
@@ -171,9 +165,11 @@ def run(args: argparse.Namespace) -> Path:
     if unknown:
         raise ValueError(f"unknown decoders {sorted(unknown)}; choose from {list(DECODERS)}")
     session = Session.load(args.model)
+    meta_path = out / "meta.json"
+    earlier = json.loads(meta_path.read_text()).get("items", {}) if meta_path.exists() else {}
     meta = {"model": args.model, "cpu": cpu_model(), "threads": args.threads, "max_new_tokens": args.max_new_tokens,
-            "torch": torch.__version__, "decoders": names, "batch_sizes": args.batch_sizes}
-    (out / "meta.json").write_text(json.dumps(meta, indent=1))
+            "torch": torch.__version__, "decoders": names, "batch_sizes": args.batch_sizes, "order": args.order,
+            "seed": args.seed, "items": earlier}
     meter = ForwardMeter(session.model)
     measure_costs(session, args.batch_sizes, out, args.latency_repeats)
 
@@ -185,12 +181,18 @@ def run(args: argparse.Namespace) -> Path:
     plan = []
     for dataset_name in args.datasets:
         dataset = get_dataset(dataset_name)
-        items = dataset.load(args.data_root, args.prompts, 0, source="local")
+        items = dataset.load(args.data_root, args.prompts, 0, source="local", order=args.order, seed=args.seed)
+        ids = [item.item_id for item in items]
+        if meta["items"].get(dataset_name, ids) != ids:
+            raise ValueError(f"{path} holds {dataset_name} rows of other items ({meta['items'][dataset_name]}); "
+                             "use another --out for another subset")
+        meta["items"][dataset_name] = ids
         prompts = [session.prompt_ids(dataset, item) for item in items]
         for B in args.batch_sizes:
             for index in range(min(args.batches, max(1, len(items) // B))):
                 if (dataset_name, B, index) not in done:
                     plan.append((dataset_name, B, index, items[index * B:(index + 1) * B], prompts[index * B:(index + 1) * B]))
+    meta_path.write_text(json.dumps(meta, indent=1))
     plan.sort(key=lambda p: (p[2], p[1]))            # a whole curve first (batch 0 at every B), then batch 1
     if plan:                                         # warm-up: every decoder, untimed
         for name in names:
@@ -384,7 +386,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     go.add_argument("--datasets", nargs="+", default=["mtbench", "humaneval"])
     go.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 2, 4, 8, 16])
     go.add_argument("--batches", type=int, default=2, help="batches per (dataset, B), at most prompts // B")
-    go.add_argument("--prompts", type=int, default=16, help="prompts per dataset (the first ones)")
+    go.add_argument("--prompts", type=int, default=16, help="prompts per dataset (the first ones in --order)")
+    go.add_argument("--order", choices=("spread", "file"), default="spread",
+                    help="spread: round-robin over categories, seeded shuffle within (the harness's dataset.order)")
+    go.add_argument("--seed", type=int, default=0, help="the spread order's shuffle")
     go.add_argument("--max-new-tokens", type=int, default=128)
     go.add_argument("--threads", type=int, default=1)
     go.add_argument("--decoders", nargs="+", default=list(DECODERS))

@@ -191,7 +191,8 @@ class CoreDecoder(Decoder):
 class AutoDecoder(CoreDecoder):
     """The cost model's pick (lookahead_core/cost_model.py): after the model loads it measures this
     device's latency curve and calibrates a grid on items that are not evaluated, then decodes as
-    the config predicted fastest (greedy included). The record is saved beside the results
+    the config predicted fastest (greedy included); with ``batch_size`` B > 1, fastest for batches
+    of B (``autotune.calibrate_batch``). The record is saved beside the results
     (``<csv>.auto.json``) and reused by a rerun, so a resumed job keeps its decoder."""
 
     @dataclass
@@ -222,11 +223,15 @@ class AutoDecoder(CoreDecoder):
         always = [d.config for d in job.settings.decoders
                   if params.predict and isinstance(d, CoreDecoder) and d.config is not None and d is not self]
         sampling = None if job.settings.sampling.greedy else job.settings.sampling
-        self.record = autotune.calibrate(job.lm, prompts, limits, job.auto_record_path(self.name), sampling=sampling,
-                                         always=always)
+        path = job.auto_record_path(self.name)
+        self.record = autotune.calibrate(job.lm, prompts, limits, path, sampling=sampling, always=always)
+        batch = job.settings.batch_size
+        if batch > 1:   # the pick for batches: what pays alone may not pay when B sequences share a forward
+            self.record = autotune.calibrate_batch(job.lm, prompts, limits, path, self.record, batch,
+                                                   sampling=sampling)
         self.config = autotune.chosen_config(self.record, seed=self.seed)
-        print(f"{self.name}: the cost model chose {self.record['chosen']} "
-              f"(calibration record: {job.auto_record_path(self.name)})")
+        print(f"{self.name}: the cost model chose {autotune.chosen_label(self.record)}"
+              + (f" for batches of {batch}" if batch > 1 else "") + f" (calibration record: {path})")
 
 
 # ---------------------------------------------------------------------------------------------

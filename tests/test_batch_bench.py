@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -10,7 +11,7 @@ import pytest
 import torch
 
 from experiments import batch_bench
-from experiments.datasets import default_data_root, repo_root
+from experiments.datasets import default_data_root, get_dataset, repo_root
 from lookahead_core import LookaheadConfig
 from lookahead_core import cost_model as cm
 
@@ -67,7 +68,11 @@ def test_batch_bench_rows_report_and_resume(bench_dir: Path):
     rows = pd.read_csv(bench_dir / "rows.csv")
     assert len(rows) == 2 * (1 + 3) * len(batch_bench.DECODERS)             # one row per sequence per decoder
     assert rows.matches_hf_greedy.all(), "a batched core decoder differed from batched generate"
-    assert set(rows[rows.B == 3].composition) == {"81 82 83", "HumanEval/0 HumanEval/1 HumanEval/2"}
+    items = json.loads((bench_dir / "meta.json").read_text())["items"]
+    assert set(rows[rows.B == 3].composition) == {" ".join(items["mtbench"]), " ".join(items["humaneval"])}
+    # Spread over MT-Bench's categories (its first items in file order are all writing).
+    categories = {item.item_id: item.extra["category"] for item in get_dataset("mtbench").load(source="local")}
+    assert len({categories[item] for item in items["mtbench"]}) == 3
     summary = pd.read_csv(bench_dir / "summary.csv")
     assert (summary[summary.decoder == "hf_greedy"].speedup == 1).all() and (summary.tokens_per_s > 0).all()
     text = (bench_dir / "summary.md").read_text()

@@ -180,6 +180,22 @@ def test_batches_keep_a_row_per_item_record_the_batch_and_give_the_tokens_of_one
         assert row["throughput"] > row["tok_s"]
 
 
+def test_auto_picks_for_the_batch_size_and_decodes_with_its_pick(tmp_path: Path) -> None:
+    path = run(tmp_path, "experiment=mtbench", "dataset.turns=1", "dataset.limit=2", "experiment.max_new_tokens=10",
+               "decoding=auto", "decoding.calibration_items=1", "decoding.calibration_tokens=8", "batch_size=2",
+               base=TINY_MODEL)
+    record = json.loads(path.with_suffix(".auto.json").read_text())
+    batch = record["batch"]
+    assert batch["batch_size"] == 2 and batch["predicted"]["greedy"] == 1.0
+    assert batch["chosen"] == max(batch["predicted"], key=batch["predicted"].get)
+    assert set(batch["predicted"]) == {row["decoder"] for row in record["candidates"]
+                                       if row["status"] == "calibrated"} | {"greedy"}
+    assert {row["batch"] for row in batch["latency"]} == {1, 2}
+    rows = read_rows(path)
+    decoded = rows[rows["decoder"] == "auto"]["params"]
+    assert len(decoded) == 2 and all(json.loads(params) == batch["chosen_config"] for params in decoded)
+
+
 def test_a_batched_run_resumes_redoing_only_unfinished_batches_and_writing_only_missing_rows(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     real_run_batch = runner.run_batch
