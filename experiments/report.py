@@ -142,9 +142,10 @@ def _throughput(rows: pd.DataFrame) -> float:
     decode time, summed over calls. With batch size 1 it is ``tok_s``; rows written before the
     batch columns count as calls of one sequence each."""
     solo = rows["batch"].isna()
-    calls = rows.assign(batch=rows["batch"].where(~solo, -1.0 - pd.Series(range(len(rows)), index=rows.index)),
+    calls = rows.assign(batch_size=rows["batch_size"].fillna(1),
+                        batch=rows["batch"].where(~solo, -1.0 - pd.Series(range(len(rows)), index=rows.index)),
                         batch_new_tokens=rows["batch_new_tokens"].where(~solo, rows["new_tokens"]))
-    calls = calls.drop_duplicates(["batch", "turn", "seed"])
+    calls = calls.drop_duplicates(["batch_size", "batch", "turn", "seed"])   # a file may hold several sizes
     return _ratio(calls["batch_new_tokens"].sum(), calls["decode_s"].sum())
 
 

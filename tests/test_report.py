@@ -52,3 +52,18 @@ def test_rouge_table_formats_mean_and_interval() -> None:
     assert list(table["ROUGE"]) == ["rouge1", "rouge2", "rougeL"]
     assert table["decoder"].str.fullmatch(r"0\.\d{3} \[0\.\d{3}, 0\.\d{3}\]").all()
     assert table["difference"].str.contains(r"\[-0\.\d{3}, 0\.\d{3}\]").all()
+
+
+def test_throughput_counts_each_call_once_whatever_the_batch_sizes_in_the_file() -> None:
+    # One call of one sequence (batch_size 1, batch 1: 10 tokens in 2 s), then a call of two
+    # sequences that is also "batch 1" (batch_size 2: 30 tokens in 3 s), and a row from before the
+    # batch columns (5 tokens in 1 s).
+    df = pd.DataFrame([
+        {"batch_size": 1, "batch": 1, "turn": 1, "seed": 0, "new_tokens": 10, "batch_new_tokens": 10, "decode_s": 2.0},
+        {"batch_size": 2, "batch": 1, "turn": 1, "seed": 0, "new_tokens": 12, "batch_new_tokens": 30, "decode_s": 3.0},
+        {"batch_size": 2, "batch": 1, "turn": 1, "seed": 0, "new_tokens": 18, "batch_new_tokens": 30, "decode_s": 3.0},
+        {"batch_size": None, "batch": None, "turn": 1, "seed": 0, "new_tokens": 5, "batch_new_tokens": None,
+         "decode_s": 1.0},
+    ])
+    assert report._throughput(df) == (10 + 30 + 5) / (2.0 + 3.0 + 1.0)
+    assert report._throughput(df.iloc[1:3]) == 10.0
