@@ -4,56 +4,48 @@
         --batch-sizes 1 2 4 8 16 --batches 2 --max-new-tokens 128 --threads 1 --out results/batch
     python -m experiments.batch_bench report --out results/batch
 
-Decoders, each decoding the same batch of B prompts:
+A preset of the one harness (``run.py batch_size=B``): per dataset and B, a harness job with
+``baseline=hf_greedy``, ``batch_size=B`` and these decoders, its rows in ``<out>/jobs/<dataset>_B<B>.csv``:
 
-* ``hf_greedy``: transformers ``generate(do_sample=False)`` on the batch, left-padded (the baseline:
-  the harness's ``hf`` decoder, ``HFGenerate.generate_batch``, as ``run.py batch_size=B`` runs it);
+* ``hf_greedy``: transformers ``generate(do_sample=False)`` on the left-padded batch (the baseline);
 * ``core_greedy``: ``lookahead_core.decode_batch`` without lookahead;
 * ``pool_N3G1``, ``la_N4W5G5_pool``, ``tree_k6`` (pool + suffix + recycled token tree, 6 tokens a
   step): the same batched loop with drafts (``--decoders`` picks a subset).
 
-Method. The model is loaded once; ``t(B, k)`` (one batched forward of B sequences, k tokens each,
-after a 256-token cache) is measured first for the cost model. After an untimed warm-up of every
-decoder, for each dataset and B the first ``--batches`` batches of B consecutive prompts
-(``B = 16`` and ``--prompts 16``: one) are decoded by every decoder back to back, the order rotated
-per batch. The ``--prompts`` are the dataset's first ones in ``--order spread`` (the default: the
-harness's ``dataset.order=spread``, round-robin over categories, shuffled with ``--seed`` within;
-MT-Bench's first 16 in file order are all writing and roleplay) or ``file`` order; ``meta.json``
-lists them per dataset and each row names its batch's items. ``decode_s`` = wall clock of the call minus its first forward (the prefill, timed by
-forward hooks for every decoder alike); throughput = the batch's new tokens / ``decode_s``; the
-speedup of a decoder at B = its tokens/s over ``hf_greedy``'s on the same batches (ratio of sums).
-One CSV row per sequence per decoder, appended when a batch finishes; a rerun resumes.
+Method (the harness's). The model is loaded once first to measure ``t(B, k)`` (one batched forward
+of B sequences, k tokens each, after a 256-token cache) for the cost model. Then for each dataset
+and B the first ``--batches`` batches of B prompts (first turns; ``B = 16`` and ``--prompts 16``:
+one) are decoded by every decoder back to back after an untimed warm-up, the order rotated per
+batch: first one batch at every B (a whole curve early), then the rest. The prompts are the first
+``--prompts`` of the dataset in ``--order spread`` (the default: round-robin over categories,
+shuffled with ``--seed`` within; MT-Bench's first 16 in file order are all writing and roleplay) or
+``file`` order; ``meta.json`` lists them. ``decode_s`` = wall clock of the call minus its first
+forward (the prefill), throughput = the batch's new tokens / ``decode_s``, the speedup of a decoder
+at B = its tokens/s over ``hf_greedy``'s on the same batches (ratio of sums). Every job resumes,
+so a rerun of the command finishes what an interrupted one left. ``report`` writes ``rows.csv``
+(the jobs' rows, one per sequence per decoder, in the columns ``scripts/gpu_bench.py --batch-rows``
+reads), the tables and the plot.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
-import dataclasses
 import json
-import os
 import subprocess
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
-import torch
 from matplotlib.figure import Figure
 from tqdm import tqdm
 
-from lookahead_core import DecodeLimits, LookaheadConfig, SamplingConfig, decode_batch
+from lookahead_core import LookaheadConfig
 from lookahead_core import cost_model as cm
 
-from lookahead_core import models as model_loader
-
-from .datasets import get_dataset
-from .decoders import HFGenerate
-from .runner import ForwardMeter, eos_token_ids, pad_token_id, prompt_ids
-from .schema import PromptFormat
-from .tiny_tokenizer import ByteTokenizer
+from . import report as harness_report
+from .benchmark import core_entry, model_overrides
+from .datasets import repo_root
+from .schema import register_configs
 
 DECODERS: dict[str, LookaheadConfig | None] = {
     "hf_greedy": None,
@@ -69,28 +61,6 @@ COLUMNS = ("dataset", "B", "batch", "decoder", "item_id", "composition", "prompt
 LATENCY_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 
 
-@dataclass
-class Session:
-    """The loaded model with what every batch needs (the harness's prompt, EOS and pad rules); it
-    is the ``job`` the harness's decoders read (``model``, ``tokenizer``, ``pad_token_id``)."""
-
-    model: Any
-    tokenizer: Any
-    eos: tuple[int, ...]
-    pad_token_id: int
-
-    @classmethod
-    def load(cls, spec: str) -> Session:
-        model, tokenizer = model_loader.load_model(spec, dtype="float32", device="cpu")
-        tokenizer = tokenizer if tokenizer is not None else ByteTokenizer(model.config.vocab_size)
-        eos = eos_token_ids(model, tokenizer, ())
-        return cls(model, tokenizer, eos, pad_token_id(model, eos))
-
-    def prompt_ids(self, dataset, item) -> list[int]:
-        """The item's first turn, as the harness prompts it."""
-        return prompt_ids(dataset, self.tokenizer, PromptFormat(dataset.format), item, 0, ())
-
-
 def cpu_model() -> str:
     try:
         out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
@@ -99,54 +69,47 @@ def cpu_model() -> str:
     return next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")), "unknown")
 
 
-def run_batch(session: Session, meter: ForwardMeter, name: str, prompts: list[list[int]], max_new_tokens: int) -> dict:
-    """One decoder on one batch: each sequence's tokens and stats, and the batch's timings."""
-    model = session.model
-    meter.reset()
-    start = time.perf_counter()
-    limits = DecodeLimits(max_new_tokens=max_new_tokens, eos_token_ids=session.eos)
-    if name == BASELINE:
-        outs = HFGenerate(BASELINE, HFGenerate.Params()).generate_batch(session, prompts, limits, SamplingConfig())
-        tokens, stats = [o.tokens for o in outs], [None] * len(prompts)
-    else:
-        outs = decode_batch(model, prompts, DECODERS[name], limits)
-        tokens, stats = [o.tokens for o in outs], [o.stats for o in outs]
-    wall = time.perf_counter() - start
-    durations = meter.durations
-    return {"tokens": tokens, "stats": stats, "wall_s": wall, "decode_s": wall - (durations[0] if durations else 0.0),
-            "forwards": len(durations)}
+def decoder_entries(names: Sequence[str]) -> list[dict]:
+    """The harness ``decoders`` list of ``names`` (the baseline is the job's ``baseline``)."""
+    entries = []
+    for name in names:
+        if name == BASELINE:
+            continue
+        config = DECODERS[name]
+        entries.append({"use": "greedy", "name": name} if config is None else {**core_entry(config), "name": name})
+    return entries
 
 
-def batch_rows(dataset: str, B: int, index: int, items, prompts, results: dict[str, dict], settings: dict) -> list[dict]:
-    reference = results[BASELINE]["tokens"]
-    composition = " ".join(item.item_id for item in items)
-    rows = []
-    for name, result in results.items():
-        new = sum(map(len, result["tokens"]))
-        for b, (item, prompt) in enumerate(zip(items, prompts)):
-            stats = result["stats"][b]
-            rows.append({
-                "dataset": dataset, "B": B, "batch": index, "decoder": name, "item_id": item.item_id,
-                "composition": composition, "prompt_tokens": len(prompt), "new_tokens": len(result["tokens"][b]),
-                "steps": stats.steps if stats else "", "S": round(stats.compression, 4) if stats else "",
-                "step_tokens": json.dumps(stats.step_tokens) if stats else "",
-                "accepted": json.dumps(stats.accepted) if stats else "",
-                "batch_new_tokens": new, "batch_forwards": result["forwards"],
-                "batch_decode_s": round(result["decode_s"], 5), "batch_wall_s": round(result["wall_s"], 5),
-                "batch_tokens_per_s": round(new / result["decode_s"], 3),
-                "matches_hf_greedy": result["tokens"][b] == reference[b],
-                "lookahead": json.dumps(dataclasses.asdict(DECODERS[name])) if DECODERS[name] else "", **settings,
-            })
-    return rows
+def job_config(args: argparse.Namespace, dataset: str, batch_size: int, count: int, names: Sequence[str]):
+    """The harness job of one (dataset, B): ``count`` first turns in batches of ``batch_size``."""
+    from hydra import compose, initialize_config_dir
+
+    overrides = [
+        *model_overrides(args.model), "model.dtype=float32", "device=cpu", f"experiment={dataset}",
+        f"experiment.max_new_tokens={args.max_new_tokens}", "experiment.stop_strings=[]", "experiment.score=false",
+        "dataset.turns=1", "dataset.source=local", f"dataset.order={args.order}", f"dataset.limit={count}",
+        f"seed={args.seed}", "decoding.temperature=0", "baseline=hf_greedy", f"batch_size={batch_size}", "warmup=1",
+        f"threads={args.threads}", f"results_file={Path(args.out).resolve() / 'jobs' / f'{dataset}_B{batch_size}.csv'}",
+    ]
+    if args.data_root is not None:
+        overrides.append(f"data_root={args.data_root}")
+    register_configs()
+    with initialize_config_dir(config_dir=str(repo_root() / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=overrides)
+    cfg.decoders = decoder_entries(names)
+    return cfg
 
 
-def measure_costs(session: Session, batch_sizes: Sequence[int], out: Path, repeats: int) -> dict[int, cm.CostModel]:
+def measure_costs(spec: str, batch_sizes: Sequence[int], out: Path, repeats: int) -> dict[int, cm.CostModel]:
     path = out / "latency_batch.csv"
     if path.exists():
         return load_costs(path)
+    from lookahead_core import models as model_loader
+
+    model, _ = model_loader.load_model(spec, dtype="float32", device="cpu")
     rows = []
     for B in tqdm(batch_sizes, desc="t(B, k)"):
-        rows += cm.measure_latency(session.model, LATENCY_SIZES, kv_length=256, repeats=repeats, batch=B).to_rows()
+        rows += cm.measure_latency(model, LATENCY_SIZES, kv_length=256, repeats=repeats, batch=B).to_rows()
     pd.DataFrame(rows).to_csv(path, index=False)
     return load_costs(path)
 
@@ -157,6 +120,11 @@ def load_costs(path: Path) -> dict[int, cm.CostModel]:
 
 
 def run(args: argparse.Namespace) -> Path:
+    import torch
+
+    from . import runner
+    from .schema import plan
+
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(args.threads)
@@ -164,56 +132,47 @@ def run(args: argparse.Namespace) -> Path:
     unknown = set(names) - set(DECODERS)
     if unknown:
         raise ValueError(f"unknown decoders {sorted(unknown)}; choose from {list(DECODERS)}")
-    session = Session.load(args.model)
-    meta_path = out / "meta.json"
-    earlier = json.loads(meta_path.read_text()).get("items", {}) if meta_path.exists() else {}
+    jobs = {}
+    for dataset in args.datasets:
+        for B in args.batch_sizes:
+            count = min(min(args.batches, max(1, args.prompts // B)) * B, args.prompts)
+            jobs[dataset, B] = (job_config(args, dataset, B, min(B, count), names),
+                                job_config(args, dataset, B, count, names))
+    items = {dataset: [item.item_id for item in plan(job_config(args, dataset, 1, args.prompts, names))[2]]
+             for dataset in args.datasets}     # every config is checked before anything loads
     meta = {"model": args.model, "cpu": cpu_model(), "threads": args.threads, "max_new_tokens": args.max_new_tokens,
             "torch": torch.__version__, "decoders": names, "batch_sizes": args.batch_sizes, "order": args.order,
-            "seed": args.seed, "items": earlier}
-    meter = ForwardMeter(session.model)
-    measure_costs(session, args.batch_sizes, out, args.latency_repeats)
-
-    path = out / "rows.csv"
-    done = set()
-    if path.exists():
-        old = pd.read_csv(path)
-        done = {(r.dataset, int(r.B), int(r.batch)) for r in old.itertuples()}
-    plan = []
-    for dataset_name in args.datasets:
-        dataset = get_dataset(dataset_name)
-        items = dataset.load(args.data_root, args.prompts, 0, source="local", order=args.order, seed=args.seed)
-        ids = [item.item_id for item in items]
-        if meta["items"].get(dataset_name, ids) != ids:
-            raise ValueError(f"{path} holds {dataset_name} rows of other items ({meta['items'][dataset_name]}); "
-                             "use another --out for another subset")
-        meta["items"][dataset_name] = ids
-        prompts = [session.prompt_ids(dataset, item) for item in items]
-        for B in args.batch_sizes:
-            for index in range(min(args.batches, max(1, len(items) // B))):
-                if (dataset_name, B, index) not in done:
-                    plan.append((dataset_name, B, index, items[index * B:(index + 1) * B], prompts[index * B:(index + 1) * B]))
-    meta_path.write_text(json.dumps(meta, indent=1))
-    plan.sort(key=lambda p: (p[2], p[1]))            # a whole curve first (batch 0 at every B), then batch 1
-    if plan:                                         # warm-up: every decoder, untimed
-        for name in names:
-            run_batch(session, meter, name, plan[0][4][:2], 16)
-    settings = {"max_new_tokens": args.max_new_tokens, "threads": args.threads}
-    for step, (dataset_name, B, index, items, prompts) in enumerate(tqdm(plan, desc="batches")):
-        shift = step % len(names)
-        results = {name: run_batch(session, meter, name, prompts, args.max_new_tokens)
-                   for name in names[shift:] + names[:shift]}
-        results = {name: results[name] for name in names}
-        settings["load_avg"] = round(os.getloadavg()[0], 2)
-        rows = batch_rows(dataset_name, B, index, items, prompts, results, settings)
-        new_file = not path.exists()
-        with path.open("a", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=COLUMNS)
-            if new_file:
-                writer.writeheader()
-            writer.writerows(rows)
-    meter.close()
+            "seed": args.seed, "items": items}
+    (out / "meta.json").write_text(json.dumps(meta, indent=1))
+    measure_costs(args.model, args.batch_sizes, out, args.latency_repeats)
+    for first in (True, False):                      # one batch at every B first: a whole curve early
+        for (dataset, B), (one, whole) in jobs.items():
+            runner.run(one if first else whole)
+            torch.set_num_threads(args.threads)
     report(out)
     return out
+
+
+def bench_rows(out: Path) -> pd.DataFrame:
+    """The jobs' harness rows in this benchmark's columns (:data:`COLUMNS`), one per sequence per decoder."""
+    df = harness_report.load_results([Path(out) / "jobs"])
+    log = df["step_log"].map(lambda text: json.loads(text) if isinstance(text, str) else None)
+    params = df["params"].map(lambda text: json.loads(text) if isinstance(text, str) else None)
+    rows = pd.DataFrame({
+        "dataset": df["dataset"], "B": df["batch_size"].astype(int), "batch": df["batch"].astype(int),
+        "decoder": df["decoder"], "item_id": df["item_id"], "composition": df["batch_items"],
+        "prompt_tokens": df["prompt_tokens"], "new_tokens": df["new_tokens"], "steps": df["steps"],
+        "S": df["S"].where(df["family"] == "core"),
+        "step_tokens": log.map(lambda entry: json.dumps(entry["fed"]) if entry else None),
+        "accepted": log.map(lambda entry: json.dumps(entry["accepted"]) if entry else None),
+        "batch_new_tokens": df["batch_new_tokens"], "batch_forwards": df["forwards"],
+        "batch_decode_s": df["decode_s"], "batch_wall_s": df["wall_s"],
+        "batch_tokens_per_s": df["batch_new_tokens"] / df["decode_s"],
+        "matches_hf_greedy": df["matches_greedy"].fillna(True).astype(bool),
+        "lookahead": params.map(lambda config: json.dumps(config) if config else None),
+        "max_new_tokens": df["max_new_tokens"], "threads": df["threads"], "load_avg": df["load_avg"],
+    }, columns=list(COLUMNS))
+    return rows.sort_values(["dataset", "B", "batch", "decoder", "item_id"], kind="stable").reset_index(drop=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -344,7 +303,8 @@ def _markdown(df: pd.DataFrame) -> str:
 
 def report(out: Path) -> str:
     out = Path(out)
-    df = pd.read_csv(out / "rows.csv")
+    df = bench_rows(out)
+    df.to_csv(out / "rows.csv", index=False)
     meta = json.loads((out / "meta.json").read_text()) if (out / "meta.json").exists() else {}
     costs = load_costs(out / "latency_batch.csv")
     summary = summarize(df)
@@ -362,7 +322,9 @@ def report(out: Path) -> str:
     text = "\n\n".join([
         f"# Throughput against batch size: {meta.get('model', '')}",
         f"CPU: {meta.get('cpu', '?')}, threads={meta.get('threads', '?')}, {meta.get('max_new_tokens', '?')} new tokens, "
-        "fp32, shared machine (load average per row in rows.csv): ratios, not absolute speeds, are the result.",
+        "fp32, shared machine (load average per row in rows.csv): ratios, not absolute speeds, are the result. "
+        f"Prompts ({meta.get('order', '?')} order): " + "; ".join(f"{d}: {' '.join(ids)}" for d, ids in
+                                                                  meta.get("items", {}).items()),
         "## Speedup over batched `generate` greedy at the same B (tokens/s ratio)", _markdown(wide),
         "## Tokens/s (whole batch)", _markdown(throughput),
         "## Per decoder: full table (S = mean per-sequence step compression; identical = share of rows "
@@ -411,7 +373,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(report(Path(args.out)))
     else:
         out = Path(args.out)
-        table = project_roofline(pd.read_csv(out / "rows.csv"),
+        table = project_roofline(bench_rows(out),
                                  roofline_costs(args.params, args.bandwidth, args.flops, args.batch_sizes))
         wide = table.pivot_table(index=["dataset", "decoder"], columns="B", values="projected").reset_index()
         wide.columns = [f"B={c}" if not isinstance(c, str) else c for c in wide.columns]

@@ -138,16 +138,21 @@ def build_decoders(configs, pool, pool_only, prompt_lookup, auto: dict[str, Any]
     return entries
 
 
+def model_overrides(spec: str) -> list[str]:
+    """The harness overrides that load ``spec``: its conf/model yaml when one has that spec
+    (``smollm2_135m``), else the spec itself (``tiny-llama``, a local folder, a hub id)."""
+    models = {path.stem: path for path in (repo_root() / "conf" / "model").glob("*.yaml")}
+    by_spec = {_yaml_value(path, "spec"): stem for stem, path in models.items()}
+    return [f"model={by_spec[spec]}"] if spec in by_spec else \
+        [f"model.name={spec}", f"model.spec={spec}", "model.packages=[]"]
+
+
 def job_config(args: argparse.Namespace):
     """The harness config these flags describe."""
     from hydra import compose, initialize_config_dir
 
-    models = {path.stem: path for path in (repo_root() / "conf" / "model").glob("*.yaml")}
-    by_spec = {_yaml_value(path, "spec"): stem for stem, path in models.items()}
-    model = [f"model={by_spec[args.model]}"] if args.model in by_spec else \
-        [f"model.name={args.model}", f"model.spec={args.model}", "model.packages=[]"]
     overrides = [
-        *model, f"model.dtype={args.dtype}", f"experiment={args.dataset}",
+        *model_overrides(args.model), f"model.dtype={args.dtype}", f"experiment={args.dataset}",
         f"experiment.max_new_tokens={args.max_new_tokens}", f"dataset.offset={args.offset}", "dataset.turns=1",
         "decoding.temperature=0", "baseline=hf_greedy", f"repeats={args.repeats}", f"warmup={args.warmup}",
         f"device={args.device}", f"results_file={Path(args.out).resolve() / 'rows.csv'}",

@@ -27,7 +27,7 @@ GROUP = ["experiment", "model", "device", "dtype", "config", "settings"]
 PAIR = ["item_id", "turn", "seed"]
 BOOL_COLUMNS = ["baseline", "prompt_pool", "pool_only", "matches_greedy", "passed"]
 TEXT_COLUMNS = ["experiment", "dataset", "item_id", "batch_items", "category", "model", "decoder", "family", "config", "settings",
-                "assistant", "params", "git_commit", "text", "diff_verdict", "sandbox"]
+                "assistant", "params", "git_commit", "text", "diff_verdict", "sandbox", "step_log"]
 PASS_KS = (1, 10, 100)
 
 SUMMARY_COLUMNS = [

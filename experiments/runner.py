@@ -60,7 +60,7 @@ COLUMN_GROUPS: dict[str, tuple[str, ...]] = {
     ),
     "how it went": (
         "prompt_tokens", "prefill_tokens", "new_tokens", "batch_new_tokens", "forwards", "steps", "S", "accepted_hist",
-        "step_tokens_mean", "step_tokens_hist", "draft_acceptance", "prefill_s", "decode_s", "wall_s", "tokens_per_s",
+        "step_tokens_mean", "step_tokens_hist", "step_log", "draft_acceptance", "prefill_s", "decode_s", "wall_s", "tokens_per_s",
         "model_s", "overhead_frac",
     ),
     "what came out": ("matches_greedy", "first_diff", "diff_margin", "diff_verdict", "rouge1", "rouge2", "rougeL",
@@ -480,6 +480,8 @@ def make_row(job: Job, item: Item, turn: int, decoder: Decoder, timed: Timed, te
             accepted_hist=json.dumps(stats.accepted_histogram),
             step_tokens_mean=statistics.fmean(stats.step_tokens) if stats.step_tokens else None,
             step_tokens_hist=json.dumps(dict(sorted(Counter(stats.step_tokens).items()))),
+            # every step in order, what the cost model replays (cost_model.predict_batch)
+            step_log=json.dumps({"fed": stats.step_tokens, "accepted": stats.accepted}),
             draft_acceptance=json.dumps(stats.drafts.table()),   # per draft source and depth: fed, tried, accepted
         )
     return row
