@@ -424,7 +424,7 @@ def write_report(out: Path) -> str:
         drafts.to_csv(out / "draft_acceptance.csv", index=False)
         sections.append("#### Draft nodes per source and depth (fed; tried = the walk reached the parent; "
                         "accepted)\n\n" + drafts.to_markdown(index=False, floatfmt=".3f"))
-    calibration_path = next((p for p in (out / "rows.auto.json", out / "calibration.json") if p.exists()), None)
+    calibration_path = out / "rows.auto.json" if (out / "rows.auto.json").exists() else None
     if calibration_path is not None:
         calibration = json.loads(calibration_path.read_text())
         from . import autotune
