@@ -278,6 +278,10 @@ def summarize(df: pd.DataFrame, baseline: str = HF_GREEDY) -> pd.DataFrame:
     the cost model's label, N/W/G and the ratio of summed decode time against ``core_greedy``."""
     from lookahead_core import cost_model as cm
 
+    # One run folder is one setup (its flags are fixed by run.json and its rows file): rows resumed
+    # by a later version of the code carry another config tag and settings hash, but pool with the
+    # earlier ones.
+    df = df.assign(**{key: "+".join(dict.fromkeys(df[key].astype(str))) for key in ("config", "settings")})
     table = report.summarize(df)
     base = df[df["decoder"] == baseline]
     base_row = report._summarize_decoder(tuple(base[report.GROUP].iloc[0]), base, base) if len(base) else None

@@ -179,6 +179,18 @@ def test_collect_checks_the_goals_per_run_folder(run_dir: Path, tmp_path: Path):
     assert pd.isna(row["goal_1.3x"])                          # the 1.3x goal is for HumanEval and MBPP
 
 
+def test_a_run_resumed_by_newer_code_is_still_one_setup(run_dir: Path):
+    """Rows a later version of the code appended to a run folder carry another config tag and
+    settings hash; the run's summary still has one row per decoder, over every prompt."""
+    rows = read_rows(run_dir)
+    later = rows["item_id"].isin(rows["item_id"].unique()[1:])
+    mixed = rows.assign(settings=rows["settings"].where(~later, "hnewer"),
+                        config=rows["config"].where(~later, "newer+tag"))
+    table = benchmark.summarize(mixed)
+    assert table["decoder"].is_unique and (table["prompts"] == rows["item_id"].nunique()).all()
+    assert table.set_index("decoder")["speedup_sum"].equals(benchmark.summarize(rows).set_index("decoder")["speedup_sum"])
+
+
 @needs_data
 def test_tree_configs_and_spread_items(tmp_path: Path):
     """--core adds token-tree decoders (acceptance per source in the rows), --every spreads the
