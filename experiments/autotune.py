@@ -21,7 +21,6 @@ from lookahead_core import decode
 from lookahead_core.config import DecodeLimits, LookaheadConfig, SamplingConfig
 
 FINALISTS = 3              # configs calibrated in full after the screen
-BATCH_LATENCY_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)   # tokens per sequence for t(B, k)
 SCREEN_MIN_TOKENS = 8      # the screen decodes max(this, calibration tokens / 4) tokens per prompt
 
 
@@ -85,18 +84,19 @@ def calibrate_batch(model, prompts: list[list[int]], limits: DecodeLimits, path:
     saved again at ``path``) as ``record["batch"]``; a record that has it is returned as it is.
 
     The B = 1 calibration's finalists (status ``calibrated``) decode each calibration prompt again
-    for their per-step records, t(B, k) is measured at B = 1 and B = ``batch``, and
-    :func:`lookahead_core.cost_model.choose_for_batch` predicts each finalist's speedup over batched
-    greedy for a batch made of those sequences; greedy wins where none is predicted above 1.
+    for their per-step records; t(B, k) is the record's own curve at B = 1 and is measured at
+    B = ``batch`` on the same sizes and KV length; :func:`lookahead_core.cost_model.choose_for_batch`
+    predicts each finalist's speedup over batched greedy for a batch made of those sequences;
+    greedy wins where none is predicted above 1.
     """
     if "batch" in record:
         return record
     calibrated = {row["decoder"] for row in record["candidates"] if row["status"] == "calibrated"}
     configs = {cm.config_label(c): c for c in (cm.default_grid() if grid is None else grid)
                if cm.config_label(c) in calibrated}
-    kv_length = int(sum(map(len, prompts)) / len(prompts) + limits.max_new_tokens / 2)
-    costs = {size: cm.measure_latency(model, BATCH_LATENCY_SIZES, kv_length=kv_length, repeats=repeats, batch=size)
-             for size in sorted({1, batch})}
+    alone = cm.CostModel.from_rows(record["latency"])
+    costs = {1: alone, batch: cm.measure_latency(model, alone.tokens, kv_length=alone.kv_length, repeats=repeats,
+                                                 batch=batch)}
     calibration = {}
     for label, config in tqdm(configs.items(), desc=f"decoding=auto: per-step records for B={batch}", leave=False):
         outs = [decode(model, prompt, config, limits, sampling).stats for prompt in prompts]

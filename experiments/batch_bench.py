@@ -43,9 +43,7 @@ from lookahead_core import LookaheadConfig
 from lookahead_core import cost_model as cm
 
 from . import report as harness_report
-from .benchmark import core_entry, model_overrides
-from .datasets import repo_root
-from .schema import register_configs
+from .benchmark import compose_job, core_entry, model_overrides
 
 DECODERS: dict[str, LookaheadConfig | None] = {
     "hf_greedy": None,
@@ -82,8 +80,6 @@ def decoder_entries(names: Sequence[str]) -> list[dict]:
 
 def job_config(args: argparse.Namespace, dataset: str, batch_size: int, count: int, names: Sequence[str]):
     """The harness job of one (dataset, B): ``count`` first turns in batches of ``batch_size``."""
-    from hydra import compose, initialize_config_dir
-
     overrides = [
         *model_overrides(args.model), "model.dtype=float32", "device=cpu", f"experiment={dataset}",
         f"experiment.max_new_tokens={args.max_new_tokens}", "experiment.stop_strings=[]", "experiment.score=false",
@@ -93,11 +89,7 @@ def job_config(args: argparse.Namespace, dataset: str, batch_size: int, count: i
     ]
     if args.data_root is not None:
         overrides.append(f"data_root={args.data_root}")
-    register_configs()
-    with initialize_config_dir(config_dir=str(repo_root() / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=overrides)
-    cfg.decoders = decoder_entries(names)
-    return cfg
+    return compose_job(overrides, decoder_entries(names))
 
 
 def measure_costs(spec: str, batch_sizes: Sequence[int], out: Path, repeats: int) -> dict[int, cm.CostModel]:

@@ -149,8 +149,6 @@ def model_overrides(spec: str) -> list[str]:
 
 def job_config(args: argparse.Namespace):
     """The harness config these flags describe."""
-    from hydra import compose, initialize_config_dir
-
     overrides = [
         *model_overrides(args.model), f"model.dtype={args.dtype}", f"experiment={args.dataset}",
         f"experiment.max_new_tokens={args.max_new_tokens}", f"dataset.offset={args.offset}", "dataset.turns=1",
@@ -171,10 +169,18 @@ def job_config(args: argparse.Namespace):
             offset = args.offset + 1
         auto = {"calibration_items": args.calibration_prompts, "calibration_tokens": args.calibration_tokens,
                 "calibration_offset": offset, "predict": args.predict}
+    return compose_job(overrides, build_decoders(args.configs, args.pool, args.pool_only, args.prompt_lookup,
+                                                 auto, args.core))
+
+
+def compose_job(overrides: Sequence[str], decoders: list[dict[str, Any]]):
+    """The harness config of ``overrides`` with the job's ``decoders`` list (presets build both)."""
+    from hydra import compose, initialize_config_dir
+
     register_configs()
     with initialize_config_dir(config_dir=str(repo_root() / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=overrides)
-    cfg.decoders = build_decoders(args.configs, args.pool, args.pool_only, args.prompt_lookup, auto, args.core)
+        cfg = compose("config", overrides=list(overrides))
+    cfg.decoders = decoders
     return cfg
 
 

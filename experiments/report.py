@@ -26,8 +26,8 @@ from .metrics import ROUGE_TYPES, bootstrap_ci, pass_at_k_report
 GROUP = ["experiment", "model", "device", "dtype", "config", "settings"]
 PAIR = ["item_id", "turn", "seed"]
 BOOL_COLUMNS = ["baseline", "prompt_pool", "pool_only", "matches_greedy", "passed"]
-TEXT_COLUMNS = ["experiment", "dataset", "item_id", "batch_items", "category", "model", "decoder", "family", "config", "settings",
-                "assistant", "params", "git_commit", "text", "diff_verdict", "sandbox", "step_log"]
+TEXT_COLUMNS = ["experiment", "dataset", "item_id", "batch_items", "category", "model", "decoder", "family", "config",
+                "settings", "assistant", "params", "git_commit", "text", "diff_verdict", "sandbox", "step_log"]
 PASS_KS = (1, 10, 100)
 
 SUMMARY_COLUMNS = [
