@@ -2,8 +2,10 @@
 # decoding=auto (token trees in its grid) against transformers greedy and prompt lookup (k = 3, 10)
 # on all six experiments (issue 11, goals 1 and 2): SmolLM2-135M on 20 prompts per set, then
 # Qwen2.5-Coder-0.5B on 10. Every run resumes; rerun this script to finish what a session left.
+# Optional arguments name the experiments to run (default: all six), so two shells can share the sets.
 # Then: python -m experiments.benchmark collect results/benchmark/trees
 set -u
+only=" $* "
 cd "$(dirname "$0")/../../.."
 common=(--max-new-tokens 128 --configs --pool-only 3,1 --prompt-lookup 3 10 --auto --calibration-prompts 2 --threads 1)
 # experiment and its --every (evenly spaced items; MT-Bench: 8 categories of 10)
@@ -13,6 +15,7 @@ for model in smollm2_135m qwen25_coder_05b; do
     short=$([ "$model" = smollm2_135m ] && echo smollm2 || echo qwen)
     for entry in "${sets[@]}"; do
         set -- $entry
+        [ -n "${only// /}" ] && [[ "$only" != *" $1 "* ]] && continue
         every=$([ "$model" = smollm2_135m ] && echo "$2" || echo $(( $2 * 2 )))
         nice -n 5 python -m experiments.benchmark run --model "$model" --dataset "$1" --limit "$limit" --every "$every" \
             "${common[@]}" --out "results/benchmark/trees/auto_${short}_$1"
