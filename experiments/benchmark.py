@@ -352,21 +352,28 @@ def summary_markdown(table: pd.DataFrame, title: str) -> str:
 
 
 def predicted_vs_measured(df: pd.DataFrame, calibration: dict) -> pd.DataFrame:
-    """Each calibrated core decoder: predicted speedup over core greedy (with S from the
-    calibration prompts, and with the S and step shapes measured on the benchmark prompts) against
-    the measured ratio of summed core loop times."""
-    calibrated = {row["decoder"]: row for row in calibration["candidates"] if row["status"] == "calibrated"}
+    """Each core decoder of the run: predicted speedup over core greedy (with S from the
+    calibration prompts, where the calibration ran that config, and with the S and step shapes
+    measured on the benchmark prompts) against the measured ratio of summed core loop times.
+
+    The second prediction asks whether the cost model, had it seen these prompts' S, ranks the
+    configs as they measured; it uses the config's host time per step from the calibration, or
+    greedy's where the calibration did not run the config."""
+    candidates = {row["decoder"]: row for row in calibration["candidates"] if row.get("S") is not None
+                  and not pd.isna(row["S"])}
     from lookahead_core import cost_model as cm
 
     cost = cm.CostModel.from_rows(calibration["latency"])
     core = df[df["decoder"] == CORE_GREEDY][[*PAIR, "decode_s"]]
     auto = calibration.get("chosen")
+    greedy_host = candidates["greedy"]["host_ms_per_step"] / 1e3 if "greedy" in candidates else None
     out = []
     for name, group in df[df["family"] == "core"].groupby("decoder", sort=False):
         label = auto if name == "auto" else name
-        if name == CORE_GREEDY or label not in calibrated:
+        if name == CORE_GREEDY or label == "greedy":
             continue
-        calib = calibrated[label]
+        calib = candidates.get(label)
+        calibrated = calib is not None and calib["status"] == "calibrated"
         config = _config_from_row(group.iloc[0])
         counts: Counter[int] = Counter()
         for hist in group["step_tokens_hist"].dropna():
@@ -374,16 +381,18 @@ def predicted_vs_measured(df: pd.DataFrame, calibration: dict) -> pd.DataFrame:
         step_tokens = [k for k, v in counts.items() for _ in range(v)]
         accepted_total = int(group["new_tokens"].sub(1).sum())
         accepted = [accepted_total / len(step_tokens)] * len(step_tokens)
-        host = calib["host_ms_per_step"] / 1e3
+        host = calib["host_ms_per_step"] / 1e3 if calib is not None else greedy_host
         paired = group.merge(core, on=PAIR, suffixes=("", "_core"))
         out.append({
-            "decoder": name, "config": label,
-            "S_calibration": calib["S"], "S_measured": accepted_total / group["steps"].sum(),
-            "step_tokens_calibration": calib["step_tokens_mean"], "step_tokens_measured": group["step_tokens_mean"].mean(),
-            "predicted_calibration": calib["predicted_speedup"],
+            "decoder": name, "config": label, "calibration": calib["status"] if calib is not None else "not run",
+            "S_calibration": calib["S"] if calibrated else float("nan"),
+            "S_measured": accepted_total / group["steps"].sum(),
+            "step_tokens_calibration": calib["step_tokens_mean"] if calibrated else float("nan"),
+            "step_tokens_measured": group["step_tokens_mean"].mean(),
+            "predicted_calibration": calib["predicted_speedup"] if calibrated else float("nan"),
             "predicted_oracle_S": cost.predict_steps(config, step_tokens, accepted, host_seconds=host),
             "measured": paired["decode_s_core"].sum() / paired["decode_s"].sum(),
-            "measured_calibration_run": calib["calibration_measured_speedup"],
+            "measured_calibration_run": calib["calibration_measured_speedup"] if calibrated else float("nan"),
         })
     return pd.DataFrame(out)
 
@@ -397,7 +406,8 @@ def plot_predicted(table: pd.DataFrame, path: Path, title: str) -> Path:
     ax.scatter(table["predicted_calibration"], table["measured"], label="S from calibration prompts", marker="o")
     ax.scatter(table["predicted_oracle_S"], table["measured"], label="S measured on these prompts", marker="x")
     for _, r in table.iterrows():
-        ax.annotate(r["decoder"], (r["predicted_calibration"], r["measured"]), fontsize=6,
+        x = r["predicted_oracle_S"] if pd.isna(r["predicted_calibration"]) else r["predicted_calibration"]
+        ax.annotate(r["decoder"], (x, r["measured"]), fontsize=6,
                     xytext=(3, 2), textcoords="offset points")
     ax.set(xlim=(0, top), ylim=(0, top), xlabel="predicted speedup over core greedy",
            ylabel="measured speedup over core greedy", title=title)
@@ -418,8 +428,11 @@ def plot_speedups(table: pd.DataFrame, path: Path, title: str) -> Path:
     return path
 
 
-def write_report(out: Path) -> str:
-    """``summary.md``/``summary.csv``/``speedup.png`` and, if calibrated, ``predicted_vs_measured.*``."""
+def write_report(out: Path, calibration_path: Path | None = None) -> str:
+    """``summary.md``/``summary.csv``/``speedup.png`` and, if calibrated, ``predicted_vs_measured.*``.
+
+    ``calibration_path``: the ``rows.auto.json`` of another run on the same prompts (a run of fixed
+    configs has none): its latency curve predicts this run's configs from their measured S."""
     if not (out / "rows.csv").exists() or len(load_rows(out / "rows.csv")) == 0:
         return "(no rows yet)"
     df = load_rows(out / "rows.csv")
@@ -434,19 +447,24 @@ def write_report(out: Path) -> str:
         drafts.to_csv(out / "draft_acceptance.csv", index=False)
         sections.append("#### Draft nodes per source and depth (fed; tried = the walk reached the parent; "
                         "accepted)\n\n" + drafts.to_markdown(index=False, floatfmt=".3f"))
-    calibration_path = out / "rows.auto.json" if (out / "rows.auto.json").exists() else None
+    own = out / "rows.auto.json"
+    if calibration_path is None and own.exists():
+        calibration_path = own
     if calibration_path is not None:
-        calibration = json.loads(calibration_path.read_text())
-        from . import autotune
+        calibration = json.loads(Path(calibration_path).read_text())
+        heading = "#### Cost model: predicted vs measured speedup over core greedy"
+        if Path(calibration_path).resolve() == own.resolve():
+            from . import autotune
 
-        autotune.write_tables(calibration, out)
-        sections.append(calibration["markdown"])
+            autotune.write_tables(calibration, out)
+            sections.append(calibration["markdown"])
+        else:
+            heading += f" (latency curve and host times of {calibration_path})"
         pvm = predicted_vs_measured(df, calibration)
         if not pvm.empty:
             pvm.to_csv(out / "predicted_vs_measured.csv", index=False)
             plot_predicted(pvm, out / "predicted_vs_measured.png", title)
-            sections.append("#### Cost model: predicted vs measured speedup over core greedy\n\n"
-                            + pvm.to_markdown(index=False, floatfmt=".2f"))
+            sections.append(heading + "\n\n" + pvm.to_markdown(index=False, floatfmt=".2f"))
     text = "\n\n".join(sections) + "\n"
     (out / "summary.md").write_text(text, encoding="utf-8")
     return text
@@ -680,7 +698,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     if command == "report":
         parser.add_argument("--out", required=True)
-        print(write_report(Path(parser.parse_args(argv).out)))
+        parser.add_argument("--calibration", type=Path, default=None,
+                            help="rows.auto.json of a run on the same prompts, for a run without --auto")
+        args = parser.parse_args(argv)
+        print(write_report(Path(args.out), args.calibration))
         return
     add_run_arguments(parser)
     if command == "profile":

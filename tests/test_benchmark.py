@@ -84,6 +84,31 @@ def test_summary_table_and_cost_model_outputs(run_dir: Path):
 
 
 @needs_data
+def test_report_with_another_runs_calibration(run_dir: Path, tmp_path: Path):
+    """A run of fixed configs is predicted from another run's record: configs that record never ran
+    get the oracle prediction (greedy's host time), calibrated ones keep their own figures."""
+    record = json.loads((run_dir / "rows.auto.json").read_text())
+    record["candidates"] = [c for c in record["candidates"] if c["decoder"] != "la_N3W3G3"]
+    external = tmp_path / "other.auto.json"
+    external.write_text(json.dumps(record))
+    fixed = tmp_path / "fixed"
+    fixed.mkdir()
+    rows = read_rows(run_dir)
+    rows[rows["decoder"] != "auto"].to_csv(fixed / "rows.csv", index=False)
+    text = benchmark.write_report(fixed, external)
+    assert f"latency curve and host times of {external}" in text
+    assert not (fixed / "calibration.csv").exists()                # the record's own tables stay with it
+    pvm = pd.read_csv(fixed / "predicted_vs_measured.csv").set_index("decoder")
+    own = pd.read_csv(run_dir / "predicted_vs_measured.csv").set_index("decoder")
+    assert set(pvm.index) == {"la_N3W3G3", "la_N3W3G3_pool", "pool_N3G2"}
+    assert pvm.loc["la_N3W3G3", "calibration"] == "not run" and pd.isna(pvm.loc["la_N3W3G3", "predicted_calibration"])
+    assert pvm.loc["la_N3W3G3", "predicted_oracle_S"] > 0
+    for name in ("la_N3W3G3_pool", "pool_N3G2"):
+        assert pvm.loc[name, "predicted_oracle_S"] == pytest.approx(own.loc[name, "predicted_oracle_S"])
+        assert pvm.loc[name, "predicted_calibration"] == pytest.approx(own.loc[name, "predicted_calibration"])
+
+
+@needs_data
 def test_rerun_resumes(run_dir: Path):
     rows = run_dir / "rows.csv"
     before = rows.read_text()
