@@ -474,8 +474,8 @@ SPEEDUP_GOAL_DATASETS = ("humaneval", "mbpp")   # issue #5: at least 1.3x on the
 
 
 def collect(root: Path) -> pd.DataFrame:
-    """One row per run folder under ``root``: auto's pick and speedups against HF greedy and HF
-    prompt lookup (its best k), with the issue's goals checked."""
+    """One row per run folder under ``root`` (``run``: its name): auto's pick and speedups against
+    HF greedy and HF prompt lookup (its best k), with the issue's goals checked."""
     rows = []
     for rows_csv in sorted(root.glob("*/rows.csv")):
         df = load_rows(rows_csv)
@@ -487,7 +487,7 @@ def collect(root: Path) -> pd.DataFrame:
         best_pld = pld["speedup_sum"].idxmax() if len(pld) else None
         dataset = df["dataset"].iloc[0]
         row = {
-            "model": df["model"].iloc[0], "dataset": dataset, "prompts": int(auto["prompts"]),
+            "run": rows_csv.parent.name, "model": df["model"].iloc[0], "dataset": dataset, "prompts": int(auto["prompts"]),
             "auto_pick": auto["label"], "auto_S": auto["S"],
             "auto_speedup": auto["speedup_sum"], "auto_speedup_median": auto["speedup_median"],
             "pld": best_pld, "pld_S": pld.loc[best_pld, "S"] if best_pld else None,
@@ -555,7 +555,8 @@ def write_collection(root: Path) -> str:
     fig = Figure(figsize=(4.5 * len(models), 3.8), layout="tight")
     axes = fig.subplots(1, len(models), squeeze=False)[0]
     for ax, model in zip(axes, models):
-        part = table[table["model"] == model].set_index("dataset")
+        part = table[table["model"] == model]
+        part = part.set_index("dataset" if part["dataset"].is_unique else "run")
         part[["pld_speedup", "core_greedy_speedup", "auto_speedup"]].rename(columns={
             "pld_speedup": "HF prompt lookup", "core_greedy_speedup": "core greedy", "auto_speedup": "auto",
         }).plot.bar(ax=ax, rot=30)

@@ -197,7 +197,7 @@ def test_collect_checks_the_goals_per_run_folder(run_dir: Path, tmp_path: Path):
     goals = pd.read_csv(root / "goals.csv")
     summary = benchmark.summarize(read_rows(run_dir)).set_index("decoder")
     row = goals.iloc[0]
-    assert (row["model"], row["dataset"], row["pld"]) == ("tiny_llama", "mtbench", "hf_pld_k3")
+    assert (row["run"], row["model"], row["dataset"], row["pld"]) == ("tiny_mtbench", "tiny_llama", "mtbench", "hf_pld_k3")
     assert row["auto_speedup"] == pytest.approx(summary.loc["auto", "speedup_sum"])
     assert row["goal_not_slower"] == (row["auto_speedup"] >= 1.0)
     assert row["goal_beats_pld"] == (row["auto_speedup"] > summary.loc["hf_pld_k3", "speedup_sum"])
