@@ -508,28 +508,38 @@ TREE_S_GOAL = 1.15     # issue #11: a tree's S at least 15% above the same (N, W
 def tree_vs_linear(root: Path) -> pd.DataFrame:
     """Every token-tree decoder with a window beside the linear-branch decoder of the same (N, W, G)
     and prompt pool, on the same prompts: S, tokens fed per step, and the goal (S at least 15%
-    higher while feeding no more tokens per step)."""
-    rows = []
+    higher while feeding no more tokens per step).
+
+    The twin may sit in another run folder of the same model, dataset and items (S and tokens fed
+    are deterministic under greedy decoding; each speedup is against its own folder's HF greedy)."""
+    groups: dict[tuple, dict[str, tuple[str, Any, pd.Series]]] = {}
     for rows_csv in sorted(root.glob("*/rows.csv")):
         df = load_rows(rows_csv)
         if df.empty:
             continue
+        key = (df["model"].iloc[0], df["dataset"].iloc[0], tuple(sorted(df["item_id"].astype(str).unique())))
         table = summarize(df).set_index("decoder")
-        configs = {name: _config_from_row(df[df["decoder"] == name].iloc[0]) for name in table.index}
-        configs = {name: config for name, config in configs.items() if config is not None}
-        for name, config in configs.items():
+        decoders = groups.setdefault(key, {})
+        for name in table.index:
+            config = _config_from_row(df[df["decoder"] == name].iloc[0])
+            if config is not None:
+                decoders.setdefault(name, (rows_csv.parent.name, config, table.loc[name]))
+    rows = []
+    for (model, dataset, _), decoders in groups.items():
+        for name, (tree_run, config, tree) in decoders.items():
             if not config.tree or config.pool_only:
                 continue
             linear = dataclasses.replace(config, tree=False, suffix=0, recycle=0, depth=0, budget=0)
-            match = [n for n, c in configs.items() if c == linear]
+            match = [(n, run, row) for n, (run, c, row) in decoders.items() if c == linear]
             if not match:
                 continue
-            lin, tree = table.loc[match[0]], table.loc[name]
-            row = {"model": df["model"].iloc[0], "dataset": df["dataset"].iloc[0], "prompts": int(tree["prompts"]),
-                   "linear": match[0], "tree": name, "S_linear": lin["S"], "S_tree": tree["S"],
+            lin_name, lin_run, lin = match[0]
+            row = {"model": model, "dataset": dataset, "prompts": int(tree["prompts"]),
+                   "linear": lin_name, "tree": name, "S_linear": lin["S"], "S_tree": tree["S"],
                    "S_ratio": tree["S"] / lin["S"], "fed_linear": lin["tokens_per_step"],
                    "fed_tree": tree["tokens_per_step"], "speedup_linear": lin["speedup_sum"],
-                   "speedup_tree": tree["speedup_sum"], "match_hf_greedy": tree["match_hf_greedy"]}
+                   "speedup_tree": tree["speedup_sum"], "match_hf_greedy": tree["match_hf_greedy"],
+                   "linear_run": lin_run, "tree_run": tree_run}
             row["goal_S_15pct_no_more_fed"] = row["S_ratio"] >= TREE_S_GOAL and row["fed_tree"] <= row["fed_linear"]
             rows.append(row)
     return pd.DataFrame(rows)

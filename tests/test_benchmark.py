@@ -238,6 +238,17 @@ def test_tree_configs_and_spread_items(tmp_path: Path):
     pairs = benchmark.tree_vs_linear(tmp_path)                      # the windowed tree beside its linear twin
     assert pairs[["linear", "tree"]].values.tolist() == [["la_N3W3G3_pool", "la_N3W3G3_pool_tree_sfx2_k12"]]
     assert pairs["S_tree"].iloc[0] == table.loc["la_N3W3G3_pool_tree_sfx2_k12", "S"]
+    # The tree's rows moved to a folder of their own (same items): still paired with the twin.
+    (tmp_path / "tree_only").mkdir()
+    df[df["decoder"].isin(["hf_greedy", "la_N3W3G3_pool_tree_sfx2_k12"])].to_csv(tmp_path / "tree_only" / "rows.csv", index=False)
+    df[df["decoder"] != "la_N3W3G3_pool_tree_sfx2_k12"].to_csv(tmp_path / "linear_only.csv", index=False)
+    (tmp_path / "linear_only").mkdir()
+    (tmp_path / "linear_only.csv").rename(tmp_path / "linear_only" / "rows.csv")
+    split = benchmark.tree_vs_linear(tmp_path).set_index("tree_run")
+    assert split.loc["tree_only", "linear_run"] in ("linear_only", "trees")
+    assert split.loc["tree_only", "S_ratio"] == pytest.approx(pairs["S_ratio"].iloc[0])
+    (tmp_path / "tree_only" / "rows.csv").unlink()
+    (tmp_path / "linear_only" / "rows.csv").unlink()
     assert benchmark.draft_acceptance(df)["tried"].sum() > 0
     assert "Draft nodes per source and depth" in (out / "summary.md").read_text()
     assert "Token trees against linear branches" in benchmark.write_collection(tmp_path)
