@@ -49,6 +49,10 @@ DEFAULT_POOL_ONLY_GRID: tuple[tuple[int, int], ...] = ((3, 1), (4, 1), (5, 1), (
 # lookahead with the prompt pool as a tree within the budget of its linear branches.
 DEFAULT_TREE_BUDGETS: tuple[int, ...] = (3, 4, 5, 6, 8, 12, 16, 32, 64)
 DEFAULT_SUFFIX_TREE_BUDGETS: tuple[int, ...] = (4, 8)
+# Suffix-only trees (no pool, no recycling) as (matches, depth, budget): prompt lookup's shape, and
+# deeper ones for outputs that copy long spans (ClassEval: one match 10 deep beat prompt lookup
+# k = 10 where the depth-6 trees above could not; results/benchmark/trees/README.md).
+DEFAULT_SUFFIX_ONLY_TREES: tuple[tuple[int, int, int], ...] = ((1, 3, 0), (4, 6, 8), (1, 10, 0), (4, 10, 12))
 
 
 def tree_config(budget: int, recycle: int = 4, depth: int = 6) -> LookaheadConfig:
@@ -61,6 +65,8 @@ def default_grid() -> list[LookaheadConfig]:
     grid = [LookaheadConfig(window=w, ngram=n, guess=g, prompt_pool=pool)
             for n, w, g in DEFAULT_LOOKAHEAD_GRID for pool in (False, True)]
     grid += [LookaheadConfig(window=1, ngram=n, guess=g, pool_only=True) for n, g in DEFAULT_POOL_ONLY_GRID]
+    grid += [LookaheadConfig(window=1, ngram=4, guess=0, pool_only=True, tree=True, suffix=m, depth=d, budget=b)
+             for m, d, b in DEFAULT_SUFFIX_ONLY_TREES]
     grid += [tree_config(b) for b in DEFAULT_TREE_BUDGETS]
     grid += [tree_config(b, recycle=0) for b in DEFAULT_SUFFIX_TREE_BUDGETS]
     grid.append(LookaheadConfig(window=7, ngram=5, guess=7, prompt_pool=True, tree=True, suffix=4, recycle=4,

@@ -59,6 +59,8 @@ TREE_GRID = [
     LookaheadConfig(ngram=5, guess=8, pool_only=True, tree=True, suffix=4, recycle=4, budget=2),
     LookaheadConfig(ngram=5, guess=8, pool_only=True, tree=True, suffix=4, recycle=4, budget=9),
     LookaheadConfig(ngram=2, guess=3, pool_only=True, tree=True, suffix=1, recycle=1, depth=1),
+    LookaheadConfig(ngram=4, guess=0, pool_only=True, tree=True, suffix=1, depth=10),       # auto's deep suffix trees
+    LookaheadConfig(ngram=4, guess=0, pool_only=True, tree=True, suffix=4, depth=10, budget=12),
 ]
 
 

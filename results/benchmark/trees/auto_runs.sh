@@ -2,15 +2,20 @@
 # decoding=auto (token trees in its grid) against transformers greedy and prompt lookup (k = 3, 10)
 # on all six experiments (issue 11, goals 1 and 2): SmolLM2-135M on 20 prompts per set, then
 # Qwen2.5-Coder-0.5B on 10. Every run resumes; rerun this script to finish what a session left.
-# Optional arguments name the experiments to run (default: all six), so two shells can share the sets.
+# Optional arguments name the experiments to run (default: all six), so two shells can share the sets;
+# MODELS="qwen25_coder_05b" limits the models, and PREFIX names the run folders (default auto: the
+# folders of the table in README.md; auto2: the grid with suffix-only trees, from commit "auto's grid
+# gains suffix-only trees").
 # Then: python -m experiments.benchmark collect results/benchmark/trees
 set -u
 only=" $* "
+prefix=${PREFIX:-auto}
+models=${MODELS:-smollm2_135m qwen25_coder_05b}
 cd "$(dirname "$0")/../../.."
 common=(--max-new-tokens 128 --configs --pool-only 3,1 --prompt-lookup 3 10 --auto --calibration-prompts 2 --threads 1)
 # experiment and its --every (evenly spaced items; MT-Bench: 8 categories of 10)
 sets=("humaneval 8" "mbpp 12" "mtbench 4" "classeval 5" "cnndm 50" "xsum 50")
-for model in smollm2_135m qwen25_coder_05b; do
+for model in $models; do
     limit=$([ "$model" = smollm2_135m ] && echo 20 || echo 10)
     short=$([ "$model" = smollm2_135m ] && echo smollm2 || echo qwen)
     for entry in "${sets[@]}"; do
@@ -18,6 +23,6 @@ for model in smollm2_135m qwen25_coder_05b; do
         [ -n "${only// /}" ] && [[ "$only" != *" $1 "* ]] && continue
         every=$([ "$model" = smollm2_135m ] && echo "$2" || echo $(( $2 * 2 )))
         nice -n 5 python -m experiments.benchmark run --model "$model" --dataset "$1" --limit "$limit" --every "$every" \
-            "${common[@]}" --out "results/benchmark/trees/auto_${short}_$1"
+            "${common[@]}" --out "results/benchmark/trees/${prefix}_${short}_$1"
     done
 done
