@@ -473,21 +473,29 @@ def write_report(out: Path, calibration_path: Path | None = None) -> str:
 SPEEDUP_GOAL_DATASETS = ("humaneval", "mbpp")   # issue #5: at least 1.3x on these
 
 
-def collect(root: Path) -> pd.DataFrame:
-    """One row per run folder under ``root`` (``run``: its name): auto's pick and speedups against
-    HF greedy and HF prompt lookup (its best k), with the issue's goals checked."""
-    rows = []
+def load_runs(root: Path) -> list[tuple[str, pd.DataFrame, pd.DataFrame]]:
+    """Every run folder under ``root`` with rows: (folder name, rows, ``summarize`` by decoder)."""
+    runs = []
     for rows_csv in sorted(root.glob("*/rows.csv")):
         df = load_rows(rows_csv)
-        if df.empty or "auto" not in set(df["decoder"]) or HF_GREEDY not in set(df["decoder"]):
+        if not df.empty:
+            runs.append((rows_csv.parent.name, df, summarize(df).set_index("decoder")))
+    return runs
+
+
+def collect(runs: Sequence[tuple[str, pd.DataFrame, pd.DataFrame]]) -> pd.DataFrame:
+    """One row per run folder (``load_runs``; ``run``: its name) with an auto decoder: auto's pick
+    and speedups against HF greedy and HF prompt lookup (its best k), with the issue's goals checked."""
+    rows = []
+    for run_name, df, table in runs:
+        if "auto" not in table.index or HF_GREEDY not in table.index:
             continue
-        table = summarize(df).set_index("decoder")
         auto = table.loc["auto"]
         pld = table[table.index.str.startswith("hf_pld")]
         best_pld = pld["speedup_sum"].idxmax() if len(pld) else None
         dataset = df["dataset"].iloc[0]
         row = {
-            "run": rows_csv.parent.name, "model": df["model"].iloc[0], "dataset": dataset, "prompts": int(auto["prompts"]),
+            "run": run_name, "model": df["model"].iloc[0], "dataset": dataset, "prompts": int(auto["prompts"]),
             "auto_pick": auto["label"], "auto_S": auto["S"],
             "auto_speedup": auto["speedup_sum"], "auto_speedup_median": auto["speedup_median"],
             "pld": best_pld, "pld_S": pld.loc[best_pld, "S"] if best_pld else None,
@@ -505,25 +513,22 @@ def collect(root: Path) -> pd.DataFrame:
 TREE_S_GOAL = 1.15     # issue #11: a tree's S at least 15% above the same (N, W, G)'s linear branches
 
 
-def tree_vs_linear(root: Path) -> pd.DataFrame:
+def tree_vs_linear(runs: Sequence[tuple[str, pd.DataFrame, pd.DataFrame]]) -> pd.DataFrame:
     """Every token-tree decoder with a window beside the linear-branch decoder of the same (N, W, G)
     and prompt pool, on the same prompts: S, tokens fed per step, and the goal (S at least 15%
     higher while feeding no more tokens per step).
 
-    The twin may sit in another run folder of the same model, dataset and items (S and tokens fed
-    are deterministic under greedy decoding; each speedup is against its own folder's HF greedy)."""
+    The twin may sit in another run folder (``load_runs``) of the same model, dataset and items (S
+    and tokens fed are deterministic under greedy decoding; each speedup is against its own
+    folder's HF greedy)."""
     groups: dict[tuple, dict[str, tuple[str, Any, pd.Series]]] = {}
-    for rows_csv in sorted(root.glob("*/rows.csv")):
-        df = load_rows(rows_csv)
-        if df.empty:
-            continue
+    for run_name, df, table in runs:
         key = (df["model"].iloc[0], df["dataset"].iloc[0], tuple(sorted(df["item_id"].astype(str).unique())))
-        table = summarize(df).set_index("decoder")
         decoders = groups.setdefault(key, {})
         for name in table.index:
             config = _config_from_row(df[df["decoder"] == name].iloc[0])
             if config is not None:
-                decoders.setdefault(name, (rows_csv.parent.name, config, table.loc[name]))
+                decoders.setdefault(name, (run_name, config, table.loc[name]))
     rows = []
     for (model, dataset, _), decoders in groups.items():
         for name, (tree_run, config, tree) in decoders.items():
@@ -548,7 +553,8 @@ def tree_vs_linear(root: Path) -> pd.DataFrame:
 def write_collection(root: Path) -> str:
     """``goals.md``/``goals.csv``/``goals.png`` in ``root``: every run folder's auto against HF;
     ``trees.md``/``trees.csv``: token trees against linear branches at the same (N, W, G)."""
-    trees = tree_vs_linear(root)
+    runs = load_runs(root)
+    trees = tree_vs_linear(runs)
     tree_text = ""
     if not trees.empty:
         trees.to_csv(root / "trees.csv", index=False)
@@ -557,7 +563,7 @@ def write_collection(root: Path) -> str:
         tree_text = ("### Token trees against linear branches at the same (N, W, G), same prompts\n\n"
                      + shown.to_markdown(index=False, floatfmt=".2f") + "\n")
         (root / "trees.md").write_text(tree_text, encoding="utf-8")
-    table = collect(root)
+    table = collect(runs)
     if table.empty:
         return tree_text or "(no run folders with an auto decoder)"
     table.to_csv(root / "goals.csv", index=False)

@@ -235,7 +235,7 @@ def test_tree_configs_and_spread_items(tmp_path: Path):
     assert {"suffix", "recycle"} & {r["source"] for r in json.loads(tree["draft_acceptance"].iloc[0])}
     table = benchmark.summarize(df).set_index("decoder")
     assert table.loc["pool_N3G2_tree_sfx2_rc2_k4", "label"] == "pool_N3G2_tree_sfx2_rc2_k4"
-    pairs = benchmark.tree_vs_linear(tmp_path)                      # the windowed tree beside its linear twin
+    pairs = benchmark.tree_vs_linear(benchmark.load_runs(tmp_path))                      # the windowed tree beside its linear twin
     assert pairs[["linear", "tree"]].values.tolist() == [["la_N3W3G3_pool", "la_N3W3G3_pool_tree_sfx2_k12"]]
     assert pairs["S_tree"].iloc[0] == table.loc["la_N3W3G3_pool_tree_sfx2_k12", "S"]
     # The tree's rows moved to a folder of their own (same items): still paired with the twin.
@@ -244,7 +244,7 @@ def test_tree_configs_and_spread_items(tmp_path: Path):
     df[df["decoder"] != "la_N3W3G3_pool_tree_sfx2_k12"].to_csv(tmp_path / "linear_only.csv", index=False)
     (tmp_path / "linear_only").mkdir()
     (tmp_path / "linear_only.csv").rename(tmp_path / "linear_only" / "rows.csv")
-    split = benchmark.tree_vs_linear(tmp_path).set_index("tree_run")
+    split = benchmark.tree_vs_linear(benchmark.load_runs(tmp_path)).set_index("tree_run")
     assert split.loc["tree_only", "linear_run"] in ("linear_only", "trees")
     assert split.loc["tree_only", "S_ratio"] == pytest.approx(pairs["S_ratio"].iloc[0])
     (tmp_path / "tree_only" / "rows.csv").unlink()
