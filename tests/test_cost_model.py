@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import time
+import warnings
+
 import pytest
 import torch
 
 from lookahead_core import DecodeLimits, LookaheadConfig
 from lookahead_core.cost_model import (
     CostModel,
+    bent_sizes,
     choose_config,
     config_label,
     default_grid,
@@ -16,6 +20,7 @@ from lookahead_core.cost_model import (
     step_shape,
     upper_bound,
 )
+from lookahead_core.model_io import CausalLM
 from lookahead_core.models import tiny_random_model
 
 # The worked example of REFERENCE.md: W=4, N=3, G=2 feeds 1 + 3 + 4 + 2*2 = 12 tokens; logits are
@@ -134,6 +139,48 @@ def test_measure_latency_on_a_tiny_model(tiny):
     cost = measure_latency(tiny, sizes=(1, 4, 16), kv_length=8, repeats=1)
     assert cost.tokens == (1, 4, 16) and cost.kv_length == 8
     assert all(s > 0 for s in cost.seconds) and all(s > 0 for s in cost.seconds_one_logit)
+
+
+def test_bent_sizes_flags_only_sizes_faster_than_one_token():
+    assert bent_sizes((1, 2, 4), (1.0, 1.5, 0.99)) == []          # within the 2 % tolerance
+    assert bent_sizes((1, 2, 4), (1.0, 0.9, 1.2)) == [2]
+    assert bent_sizes((1, 2, 4), (1.0, 0.5, 0.7), tolerance=0.4) == [2]
+    assert bent_sizes((1, 3, 8), (1.0, 3.0, 1.4)) == []           # non-monotone above t(1) is real on CPUs
+
+
+def loaded_device(tiny, loaded_calls: int):
+    """A CausalLM whose forward sleeps 2 ms + 0.5 ms per token, and whose first ``loaded_calls``
+    one-token forwards (after the prefill) also wait 6 ms, as if another job held the core each time
+    t(1) was timed: the fastest of those rounds is still inflated and t(4) looks cheaper than t(1)."""
+    lm = CausalLM(tiny)
+    seen = {"one": 0}
+
+    def forward_batch(cache, feeds):
+        k = len(feeds[0].tokens)
+        delay = 0.002 + 0.0005 * k
+        if k == 1:
+            seen["one"] += 1
+            if seen["one"] <= loaded_calls:
+                delay += 0.006
+        time.sleep(delay)
+        return []
+
+    lm.forward_batch = forward_batch
+    return lm
+
+
+def test_measure_latency_retimes_a_curve_bent_by_load(tiny):
+    repeats = 3
+    loaded = 2 * (repeats + 1)            # every one-token forward of the normal rounds, both variants
+    with pytest.warns(RuntimeWarning, match="still bent"):
+        bent = measure_latency(loaded_device(tiny, loaded), sizes=(1, 4), kv_length=8, repeats=repeats,
+                               extra_rounds=0)
+    assert bent.seconds[1] < bent.seconds[0]          # without the guard the curve says 4 tokens < 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fixed = measure_latency(loaded_device(tiny, loaded), sizes=(1, 4), kv_length=8, repeats=repeats)
+    assert fixed.seconds[0] < fixed.seconds[1] and fixed.seconds_one_logit[0] < fixed.seconds_one_logit[1]
+    assert fixed.seconds[0] < 0.0045                  # the unloaded 2.5 ms, not the loaded 8.5 ms
 
 
 def test_auto_picks_greedy_when_big_forwards_are_expensive(tiny):

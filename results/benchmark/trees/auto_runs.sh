@@ -5,14 +5,16 @@
 # Optional arguments name the experiments to run (default: all six), so two shells can share the sets;
 # MODELS="qwen25_coder_05b" limits the models, and PREFIX names the run folders (default auto: the
 # folders of the table in README.md; auto2: the grid with suffix-only trees, from commit "auto's grid
-# gains suffix-only trees").
+# gains suffix-only trees", the latency curve re-timed when load bends it, and 3 calibration prompts
+# instead of 2; CALIBRATION_PROMPTS overrides).
 # Then: python -m experiments.benchmark collect results/benchmark/trees
 set -u
 only=" $* "
 prefix=${PREFIX:-auto}
+calibration=${CALIBRATION_PROMPTS:-$([ "$prefix" = auto ] && echo 2 || echo 3)}
 models=${MODELS:-smollm2_135m qwen25_coder_05b}
 cd "$(dirname "$0")/../../.."
-common=(--max-new-tokens 128 --configs --pool-only 3,1 --prompt-lookup 3 10 --auto --calibration-prompts 2 --threads 1)
+common=(--max-new-tokens 128 --configs --pool-only 3,1 --prompt-lookup 3 10 --auto --calibration-prompts $calibration --threads 1)
 # experiment and its --every (evenly spaced items; MT-Bench: 8 categories of 10)
 sets=("humaneval 8" "mbpp 12" "mtbench 4" "classeval 5" "cnndm 50" "xsum 50")
 for model in $models; do
