@@ -21,7 +21,10 @@ from lookahead_core import decode
 from lookahead_core.config import DecodeLimits, LookaheadConfig, SamplingConfig
 
 FINALISTS = 3              # configs calibrated in full after the screen
-SCREEN_MIN_TOKENS = 8      # the screen decodes max(this, calibration tokens / 4) tokens per prompt
+SCREEN_MIN_TOKENS = 8      # the screen decodes max(this, calibration tokens / 2) tokens per prompt
+# Half, not a quarter: a 16-token screen (of 64) cannot see what a 10-deep suffix draft copies; on
+# Qwen2.5-Coder CNN/DM it screened 1-match depth-10 at S 2.25 where prompt lookup k = 10 reaches 5.1
+# over 128 tokens (results/benchmark/trees/README.md, "auto2").
 
 
 def calibrate(
@@ -39,7 +42,7 @@ def calibrate(
 
     ``grid`` defaults to the cost model's default grid; configs in ``always`` are calibrated even
     when their upper bound says they cannot win, so that each gets a prediction to check. Every
-    config is first screened on a quarter of the calibration tokens; the ``finalists`` best are
+    config is first screened on half the calibration tokens; the ``finalists`` best are
     then calibrated in full.
     """
     path = Path(path)
@@ -51,7 +54,7 @@ def calibrate(
         chosen, report = cm.choose_config(
             model, prompts, limits, grid, always_calibrate=list(always), sampling=sampling,
             progress=lambda message: (bar.set_postfix_str(message), bar.update(1)),
-            screen_tokens=max(SCREEN_MIN_TOKENS, limits.max_new_tokens // 4), finalists=finalists,
+            screen_tokens=max(SCREEN_MIN_TOKENS, limits.max_new_tokens // 2), finalists=finalists,
         )
     record = {
         "chosen": cm.config_label(chosen),
