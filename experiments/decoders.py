@@ -150,7 +150,7 @@ class CoreDecoder(Decoder):
 
     # Fields added after results were first committed: left out of the fingerprint at their
     # defaults, so those results files keep their names and their runs still resume.
-    LATER_FIELDS = ("tree", "suffix", "recycle", "depth", "budget")
+    LATER_FIELDS = ("tree", "suffix", "recycle", "recycle_window", "depth", "budget")
 
     def fingerprint(self) -> Any:
         name, kind, params = super().fingerprint()
@@ -167,6 +167,8 @@ class CoreDecoder(Decoder):
             parts.append("tree")
         parts += [f"{short}{value}" for short, value in (("sfx", config.suffix), ("rc", config.recycle),
                                                          ("d", config.depth), ("k", config.budget)) if value]
+        if config.recycle_window:
+            parts.insert(parts.index(f"rc{config.recycle}") + 1, "rw")
         return "_".join(parts)
 
     def columns(self) -> dict[str, Any]:

@@ -40,6 +40,9 @@ class LookaheadConfig:
         of the longest context suffix seen before in prompt + output), 0 = off.
     recycle: successors kept per token from the logits every step computes (Token Recycling), and
         the branching of the tree grown from them; 0 = off.
+    recycle_window: with ``recycle`` and a window, every window row keeps its logits too, so the
+        successor table also learns from the window's guesses (more LM-head rows a step, the same
+        tokens fed); otherwise only the rows the step needs (input, last level, tree) refresh it.
     depth: how deep suffix and recycled drafts go; 0 = N-1.
     budget: the most tokens fed per step (input token + window rows + tree nodes); nodes are kept
         by their estimated acceptance, measured online per source and depth. 0 = no cap.
@@ -55,6 +58,7 @@ class LookaheadConfig:
     tree: bool = False
     suffix: int = 0
     recycle: int = 0
+    recycle_window: bool = False
     depth: int = 0
     budget: int = 0
 
@@ -63,11 +67,15 @@ class LookaheadConfig:
         _require(_is_int(self.ngram) and self.ngram >= 2, f"ngram (N) must be an int >= 2, got {self.ngram!r}")
         _require(_is_int(self.guess) and self.guess >= 0, f"guess (G) must be an int >= 0, got {self.guess!r}")
         _require(_is_int(self.seed), f"seed must be an int, got {self.seed!r}")
-        for name in ("tree", "prompt_pool", "pool_only", "keep_pool"):
+        for name in ("tree", "prompt_pool", "pool_only", "keep_pool", "recycle_window"):
             _require(isinstance(getattr(self, name), bool), f"{name} must be a bool, got {getattr(self, name)!r}")
         for name in ("suffix", "recycle", "depth", "budget"):
             value = getattr(self, name)
             _require(_is_int(value) and value >= 0, f"{name} must be an int >= 0, got {value!r}")
+        if self.recycle_window:
+            _require(self.recycle >= 1 and not self.pool_only,
+                     f"recycle_window needs recycle >= 1 and a window (pool_only=False), got recycle={self.recycle!r}, "
+                     f"pool_only={self.pool_only!r}")
         if self.pool_only:
             _require(self.guess + self.suffix + self.recycle >= 1,
                      f"pool_only needs a draft source: guess (G), suffix or recycle >= 1, got G={self.guess!r}")

@@ -78,7 +78,7 @@ def default_grid() -> list[LookaheadConfig]:
 def config_label(config: LookaheadConfig | None) -> str:
     """A short name: ``greedy``, ``la_N5W15G15``, ``la_N5W15G15_pool``, ``pool_N4G3``, and for
     token trees and the other sources ``..._tree_sfx4_rc4_d6_k8`` (suffix drafts, recycled top-k,
-    draft depth, token budget; each only when set)."""
+    ``_rw`` for recycle_window, draft depth, token budget; each only when set)."""
     if config is None:
         return "greedy"
     if config.pool_only:
@@ -86,7 +86,7 @@ def config_label(config: LookaheadConfig | None) -> str:
     else:
         label = f"la_N{config.ngram}W{config.window}G{config.guess}" + ("_pool" if config.prompt_pool else "")
     for flag, value in (("_tree", config.tree), ("_sfx", config.suffix), ("_rc", config.recycle),
-                        ("_d", config.depth), ("_k", config.budget)):
+                        ("_rw", config.recycle_window), ("_d", config.depth), ("_k", config.budget)):
         if value is True:
             label += flag
         elif value:
@@ -99,8 +99,11 @@ def config_label(config: LookaheadConfig | None) -> str:
 
 
 def _bare_logit_rows(config: LookaheadConfig) -> int:
-    """Logit rows of a warmed-up step without draft tokens: the input token's and the last level's."""
-    return 1 if config.pool_only else int(step_layout(config.window, config.ngram - 1).logit_rows.numel())
+    """Logit rows of a warmed-up step without draft tokens: the input token's and the last level's
+    (with ``recycle_window``: every window row's)."""
+    if config.pool_only:
+        return 1
+    return int(step_layout(config.window, config.ngram - 1, (), config.recycle_window).logit_rows.numel())
 
 
 def step_shape(config: LookaheadConfig | None, candidates: int | None = None) -> tuple[int, int]:
@@ -123,8 +126,8 @@ def logit_rows_for(config: LookaheadConfig | None, tokens: int) -> int:
     """
     if config is None:
         return 1
-    if config.pool_only:
-        return tokens                       # every row predicts a draft token or the bonus
+    if config.pool_only or config.recycle_window:
+        return tokens                       # every row predicts a draft token or the bonus / keeps its logits
     if tokens < config.window_rows:
         return min(tokens, config.window + 1)
     return _bare_logit_rows(config) + tokens - config.window_rows

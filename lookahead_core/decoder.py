@@ -259,7 +259,8 @@ def _plan(seq: _Sequence, position_limit: int | None) -> _Plan:
     window_tokens = window.tokens() if window is not None else []
     tree = proposer.propose(seq.tokens, 1 + len(window_tokens)) if proposer is not None else EMPTY_TREE
     tree = cut_tree(tree, fit.max_depth)
-    layout = step_layout(window_width, levels, tree.parents)
+    layout = step_layout(window_width, levels, tree.parents,
+                         window is not None and proposer.recycle_window)
     fed = [seq.tokens[-1]] + window_tokens + list(tree.tokens)
     visible = None if layout.causal else layout.visible           # None: a plain causal chain
     return _Plan(tree, layout, Feed(fed, layout.offsets, visible, seq.committed, layout.logit_rows), window is not None)

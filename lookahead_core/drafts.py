@@ -16,8 +16,9 @@ Sources:
   output (prompt lookup, SuffixDecoding), several matches becoming branches (``suffix:<m>``, m = the
   matched length).
 * :class:`RecycleSource`: Token Recycling's adjacency: per token, the top-k successors from the last
-  logits computed at that token (every row the step already computes, window rows included); a
-  tree grown from it by a fixed template (``recycle:<rank>``).
+  logits computed at that token (every row the step already computes: input, tree, the window's
+  last level; with ``recycle_window`` every window row); a tree grown from it by a fixed
+  template (``recycle:<rank>``).
 
 :class:`Proposer` combines any subset: it merges every draft into one tree (``layout.build_tree``),
 scores each node by the estimated probability that the walk reaches it (the product of per-(tag,
@@ -214,9 +215,11 @@ class Proposer:
     """Any subset of sources, merged into one tree and cut to the step's token budget."""
 
     def __init__(self, sources: Sequence[DraftSource], *, merge: bool, budget: int = 0,
-                 window: JacobiWindow | None = None, stats: DraftStats | None = None) -> None:
+                 window: JacobiWindow | None = None, stats: DraftStats | None = None,
+                 recycle_window: bool = False) -> None:
         self.sources = list(sources)
         self.merge, self.budget, self.window = merge, budget, window
+        self.recycle_window = recycle_window          # the step keeps every window row's logits
         self.stats = stats if stats is not None else DraftStats()
         self.topk = max((s.topk for s in self.sources), default=0)
 
@@ -231,7 +234,8 @@ class Proposer:
             sources.append(NGramSource(pool, window, config.prompt_pool, context))
         if config.recycle:
             sources.append(RecycleSource(config.recycle, config.draft_depth))
-        return cls(sources, merge=config.tree, budget=config.budget, window=window)
+        return cls(sources, merge=config.tree, budget=config.budget, window=window,
+                   recycle_window=config.recycle_window)
 
     def propose(self, context: Sequence[int], window_rows: int) -> DraftTree:
         tree = build_tree([d for s in self.sources for d in s.propose(context)], self.merge)

@@ -214,8 +214,9 @@ def _ancestry(parents: tuple[int, ...]) -> torch.Tensor:
 
 
 @lru_cache(maxsize=1024)
-def step_layout(window: int, levels: int, parents: tuple[int, ...] = ()) -> StepLayout:
-    """Build the layout of one step. ``window=0, levels=0`` gives the input token plus the tree."""
+def step_layout(window: int, levels: int, parents: tuple[int, ...] = (), all_logits: bool = False) -> StepLayout:
+    """Build the layout of one step. ``window=0, levels=0`` gives the input token plus the tree.
+    ``all_logits``: every row keeps its logits (``recycle_window``), not only those the step needs."""
     if levels and window < 1:
         raise ValueError(f"a window of {levels} levels needs window >= 1, got {window}")
     parents = tuple(int(p) for p in parents)
@@ -248,7 +249,7 @@ def step_layout(window: int, levels: int, parents: tuple[int, ...] = ()) -> Step
         last_level_rows = torch.nonzero(level == last).flatten() if last > 0 else torch.arange(window)
     tree_rows = torch.arange(base, q)
     predicting_rows = torch.cat([torch.zeros(1, dtype=torch.long), tree_rows])
-    logit_rows = torch.unique(torch.cat([predicting_rows, last_level_rows]))  # sorted
+    logit_rows = torch.arange(q) if all_logits else torch.unique(torch.cat([predicting_rows, last_level_rows]))
     return StepLayout(
         window, levels, parents, offsets, visible, last_level_rows, tree_rows,
         logit_rows=logit_rows,

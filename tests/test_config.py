@@ -12,6 +12,8 @@ from lookahead_core import DecodeLimits, LookaheadConfig, SamplingConfig, decode
     ({"tree": 1}, "tree"), ({"suffix": -1}, "suffix"), ({"recycle": 1.5}, "recycle"), ({"depth": -2}, "depth"),
     ({"budget": -1}, "budget"), ({"window": 3, "ngram": 3, "budget": 6}, "budget"),   # 6 < 1 + 2 + 3 + 1
     ({"pool_only": True, "guess": 2, "budget": 1}, "budget"),
+    ({"recycle_window": True}, "recycle_window"), ({"recycle": 2, "recycle_window": 1}, "recycle_window"),
+    ({"pool_only": True, "guess": 2, "recycle": 2, "recycle_window": True}, "recycle_window"),
 ])
 def test_lookahead_config_rejects(kwargs, field):
     with pytest.raises(ValueError, match=field):

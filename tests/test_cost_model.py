@@ -69,6 +69,10 @@ def test_step_shapes_follow_the_layout():
     assert logit_rows_for(EXAMPLE, 10) == 7                          # one candidate
     assert logit_rows_for(EXAMPLE, 4) == 4                           # warm-up step: min(k, W + 1)
     assert logit_rows_for(LookaheadConfig(window=1, ngram=4, guess=3, pool_only=True), 4) == 4
+    # recycle_window keeps every row's logits: the window's 8 rows (W4 N3) plus input and drafts.
+    every = LookaheadConfig(window=4, ngram=3, guess=2, recycle=2, recycle_window=True)
+    assert step_shape(every, candidates=0) == (8, 8) and logit_rows_for(every, 10) == 10
+    assert config_label(every) == "la_N3W4G2_rc2_rw"
 
 
 def test_predict_by_hand():

@@ -1,5 +1,6 @@
 """Draft sources, acceptance bookkeeping and the budgeted proposer, on hand-made token lists."""
 
+import dataclasses
 from collections import Counter
 
 import torch
@@ -86,3 +87,29 @@ def test_proposer_keeps_the_most_likely_nodes_within_the_budget():
     kept = proposer.propose([0], window_rows=1)
     assert kept.tokens == (1, 2, 3)                               # 3 nodes: budget 4 minus the input token
     assert len(Proposer([Fixed([bad, good])], merge=True).propose([0], 1)) == 6   # no budget: everything
+
+
+def test_recycle_window_refreshes_successors_from_every_window_row(monkeypatch):
+    """With recycle_window the successor table learns from every row a windowed step fed (lower
+    window levels too), without it only from the input, last-level and tree rows."""
+    from lookahead_core import DecodeLimits, LookaheadConfig, decode
+    from lookahead_core.models import tiny_random_model
+
+    model = tiny_random_model("llama", seed=3)
+    prompt = torch.randint(0, model.config.vocab_size, (24,), generator=torch.Generator().manual_seed(0)).tolist()
+    seen: list[int] = []
+    update = RecycleSource.update
+    monkeypatch.setattr(RecycleSource, "update", lambda self, outcome: (seen.append(len(outcome.row_tokens)),
+                                                                       update(self, outcome))[1])
+    base = LookaheadConfig(window=4, ngram=4, guess=2, tree=True, recycle=2)
+    sizes = {}
+    for flag in (False, True):
+        seen.clear()
+        out = decode(model, prompt, dataclasses.replace(base, recycle_window=flag), DecodeLimits(max_new_tokens=16))
+        sizes[flag] = (list(seen), out.stats.step_tokens, out.tokens)
+    rows, fed, tokens = sizes[True]
+    assert rows == fed                                     # every fed row refreshed the table
+    rows_off, fed_off, tokens_off = sizes[False]
+    assert tokens == tokens_off                            # both lossless on the same prompt
+    warm = [i for i, k in enumerate(fed_off) if i >= base.ngram - 2]
+    assert all(rows_off[i] < fed_off[i] for i in warm)    # lower levels' rows were not kept

@@ -71,6 +71,12 @@ def test_layout_matches_cell_by_cell_reference(window, levels, parents):
     # Row 0 predicts the input token's children, node i's row the children of node i.
     assert layout.logit_rows[layout.tree_logits].tolist() == [0, *layout.tree_rows.tolist()]
     assert layout.logit_rows[layout.last_level_logits].tolist() == last
+    # recycle_window: every row keeps its logits; the mask, positions and row roles do not change.
+    every = step_layout(window, levels, parents, True)
+    assert every.logit_rows.tolist() == list(range(layout.size))
+    assert torch.equal(every.visible, layout.visible) and torch.equal(every.offsets, layout.offsets)
+    assert every.logit_rows[every.tree_logits].tolist() == [0, *layout.tree_rows.tolist()]
+    assert every.logit_rows[every.last_level_logits].tolist() == last
 
 
 def test_reference_example_w4_n3_g2():

@@ -52,6 +52,7 @@ TREE_GRID = [
     LookaheadConfig(3, 3, 4, prompt_pool=True, tree=True),
     LookaheadConfig(6, 5, 12, prompt_pool=True, tree=True, suffix=3, recycle=3),
     LookaheadConfig(4, 4, 6, tree=True, recycle=4, budget=20),
+    LookaheadConfig(5, 5, 5, prompt_pool=True, tree=True, suffix=4, recycle=4, recycle_window=True, depth=6, budget=30),
     LookaheadConfig(3, 3, 4, prompt_pool=True, suffix=2, recycle=2),               # sources, linear branches
     LookaheadConfig(ngram=3, guess=4, pool_only=True, tree=True, suffix=4),
     LookaheadConfig(ngram=4, guess=0, pool_only=True, tree=True, suffix=3, depth=7),
