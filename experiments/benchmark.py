@@ -534,7 +534,7 @@ def tree_vs_linear(runs: Sequence[tuple[str, pd.DataFrame, pd.DataFrame]]) -> pd
         for name, (tree_run, config, tree) in decoders.items():
             if not config.tree or config.pool_only:
                 continue
-            linear = dataclasses.replace(config, tree=False, suffix=0, recycle=0, depth=0, budget=0)
+            linear = dataclasses.replace(config, tree=False, suffix=0, recycle=0, recycle_window=False, depth=0, budget=0)
             match = [(n, run, row) for n, (run, c, row) in decoders.items() if c == linear]
             if not match:
                 continue

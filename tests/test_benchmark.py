@@ -225,7 +225,7 @@ def test_tree_configs_and_spread_items(tmp_path: Path):
     args = ["--model", "tiny-llama", "--dataset", "mtbench", "--limit", "2", "--every", "10", "--max-new-tokens", "10",
             "--configs", "3,3,3", "--pool", "on", "--pool-only", "--prompt-lookup", "--threads", "1",
             "--core", "ngram=3,guess=2,pool_only=1,tree=1,suffix=2,recycle=2,budget=4",
-            "ngram=3,window=3,guess=3,prompt_pool=1,tree=1,suffix=2,budget=12", "--out", str(out)]
+            "ngram=3,window=3,guess=3,prompt_pool=1,tree=1,suffix=2,recycle=2,recycle_window=1,budget=12", "--out", str(out)]
     benchmark.main(args)
     df = read_rows(out)
     assert sorted(df["item_id"].unique()) == ["81", "91"]            # questions 81 and 91: two categories
@@ -235,13 +235,13 @@ def test_tree_configs_and_spread_items(tmp_path: Path):
     assert {"suffix", "recycle"} & {r["source"] for r in json.loads(tree["draft_acceptance"].iloc[0])}
     table = benchmark.summarize(df).set_index("decoder")
     assert table.loc["pool_N3G2_tree_sfx2_rc2_k4", "label"] == "pool_N3G2_tree_sfx2_rc2_k4"
-    pairs = benchmark.tree_vs_linear(benchmark.load_runs(tmp_path))                      # the windowed tree beside its linear twin
-    assert pairs[["linear", "tree"]].values.tolist() == [["la_N3W3G3_pool", "la_N3W3G3_pool_tree_sfx2_k12"]]
-    assert pairs["S_tree"].iloc[0] == table.loc["la_N3W3G3_pool_tree_sfx2_k12", "S"]
+    pairs = benchmark.tree_vs_linear(benchmark.load_runs(tmp_path))                      # the windowed tree (recycle_window too) beside its linear twin
+    assert pairs[["linear", "tree"]].values.tolist() == [["la_N3W3G3_pool", "la_N3W3G3_pool_tree_sfx2_rc2_rw_k12"]]
+    assert pairs["S_tree"].iloc[0] == table.loc["la_N3W3G3_pool_tree_sfx2_rc2_rw_k12", "S"]
     # The tree's rows moved to a folder of their own (same items): still paired with the twin.
     (tmp_path / "tree_only").mkdir()
-    df[df["decoder"].isin(["hf_greedy", "la_N3W3G3_pool_tree_sfx2_k12"])].to_csv(tmp_path / "tree_only" / "rows.csv", index=False)
-    df[df["decoder"] != "la_N3W3G3_pool_tree_sfx2_k12"].to_csv(tmp_path / "linear_only.csv", index=False)
+    df[df["decoder"].isin(["hf_greedy", "la_N3W3G3_pool_tree_sfx2_rc2_rw_k12"])].to_csv(tmp_path / "tree_only" / "rows.csv", index=False)
+    df[df["decoder"] != "la_N3W3G3_pool_tree_sfx2_rc2_rw_k12"].to_csv(tmp_path / "linear_only.csv", index=False)
     (tmp_path / "linear_only").mkdir()
     (tmp_path / "linear_only.csv").rename(tmp_path / "linear_only" / "rows.csv")
     split = benchmark.tree_vs_linear(benchmark.load_runs(tmp_path)).set_index("tree_run")
