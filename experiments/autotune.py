@@ -37,13 +37,14 @@ def calibrate(
     always: Sequence[LookaheadConfig] = (),
     sampling: SamplingConfig | None = None,
     finalists: int = FINALISTS,
+    cost_aware: bool = False,
 ) -> dict:
     """Run ``choose_config`` (or reload its record from ``path``) and return the record.
 
     ``grid`` defaults to the cost model's default grid; configs in ``always`` are calibrated even
     when their upper bound says they cannot win, so that each gets a prediction to check. Every
     config is first screened on half the calibration tokens; the ``finalists`` best are
-    then calibrated in full.
+    then calibrated in full. ``cost_aware``: see ``choose_config``.
     """
     path = Path(path)
     if path.exists():
@@ -55,6 +56,7 @@ def calibrate(
             model, prompts, limits, grid, always_calibrate=list(always), sampling=sampling,
             progress=lambda message: (bar.set_postfix_str(message), bar.update(1)),
             screen_tokens=max(SCREEN_MIN_TOKENS, limits.max_new_tokens // 2), finalists=finalists,
+            cost_aware=cost_aware,
         )
     record = {
         "chosen": cm.config_label(chosen),

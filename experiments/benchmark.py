@@ -169,6 +169,8 @@ def job_config(args: argparse.Namespace):
             offset = args.offset + 1
         auto = {"calibration_items": args.calibration_prompts, "calibration_tokens": args.calibration_tokens,
                 "calibration_offset": offset, "predict": args.predict}
+        if args.cost_aware:
+            auto["cost_aware"] = True
     return compose_job(overrides, build_decoders(args.configs, args.pool, args.pool_only, args.prompt_lookup,
                                                  auto, args.core))
 
@@ -247,6 +249,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                         help="transformers prompt_lookup_num_tokens values (none: skip)")
     parser.add_argument("--auto", action="store_true", help="add the config choose_config picks")
     parser.add_argument("--predict", action="store_true", help="calibrate every config: predicted vs measured")
+    parser.add_argument("--cost-aware", action="store_true",
+                        help="auto's trees feed, each step, only the nodes that pay on this device (step_costs)")
     parser.add_argument("--calibration-prompts", type=int, default=3)
     parser.add_argument("--calibration-tokens", type=int, default=64)
     parser.add_argument("--calibration-offset", type=int, default=None,

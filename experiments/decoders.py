@@ -80,8 +80,17 @@ class Decoder:
         """The row's config columns (see ``runner.COLUMNS``); ``params`` holds every setting."""
         return {"params": json.dumps(_plain(self.params), sort_keys=True)}
 
+    # Params added after results were first committed: left out of the fingerprint at their
+    # defaults, so those results files keep their names and their runs still resume.
+    LATER_FIELDS: tuple[str, ...] = ()
+
     def fingerprint(self) -> Any:
-        return [self.name, self.kind, _plain(self.params)]
+        params = _plain(self.params)
+        if self.LATER_FIELDS:
+            defaults = dataclasses.asdict(self.Params())
+            params = {k: v for k, v in params.items()
+                      if k not in self.LATER_FIELDS or _normal(v) != _normal(defaults[k])}
+        return [self.name, self.kind, params]
 
     def prepare(self, job: Any) -> None:
         """Called once after the model loads, before the warm-up."""
@@ -98,6 +107,11 @@ class Decoder:
 
 def _plain(params: Any) -> Any:
     return dataclasses.asdict(params) if dataclasses.is_dataclass(params) else params
+
+
+def _normal(value: Any) -> Any:
+    """Lists and tuples compare alike (yaml gives lists where the dataclass default is a tuple)."""
+    return tuple(value) if isinstance(value, (list, tuple)) else value
 
 
 # ---------------------------------------------------------------------------------------------
@@ -148,15 +162,7 @@ class CoreDecoder(Decoder):
         super().__init__(name, params, seed)
         self.config = lookahead_config(params, seed)    # validates (ValueError names the field)
 
-    # Fields added after results were first committed: left out of the fingerprint at their
-    # defaults, so those results files keep their names and their runs still resume.
-    LATER_FIELDS = ("tree", "suffix", "recycle", "recycle_window", "depth", "budget")
-
-    def fingerprint(self) -> Any:
-        name, kind, params = super().fingerprint()
-        defaults = self.Params()
-        return [name, kind, {k: v for k, v in params.items()
-                             if k not in self.LATER_FIELDS or v != getattr(defaults, k)}]
+    LATER_FIELDS = ("tree", "suffix", "recycle", "recycle_window", "depth", "budget", "step_costs")
 
     def tag(self) -> str:
         config = self.config
@@ -167,6 +173,8 @@ class CoreDecoder(Decoder):
             parts.append("tree")
         parts += [f"{short}{value}" for short, value in (("sfx", config.suffix), ("rc", config.recycle),
                                                          ("d", config.depth), ("k", config.budget)) if value]
+        if config.step_costs:
+            parts.append("ca")
         if config.recycle_window:
             parts.insert(parts.index(f"rc{config.recycle}") + 1, "rw")
         return "_".join(parts)
@@ -203,6 +211,9 @@ class AutoDecoder(CoreDecoder):
         calibration_tokens: int = 64     # new tokens per calibration decode
         calibration_offset: Optional[int] = None   # first calibration item; None: after the range
         predict: bool = False            # also calibrate the job's other core decoders (predicted vs measured)
+        cost_aware: bool = False         # trees with a budget feed, each step, only the nodes that pay (step_costs)
+
+    LATER_FIELDS = ("cost_aware",)
 
     def __init__(self, name: str, params: Any, seed: int = 0) -> None:
         Decoder.__init__(self, name, params, seed)
@@ -226,7 +237,8 @@ class AutoDecoder(CoreDecoder):
                   if params.predict and isinstance(d, CoreDecoder) and d.config is not None and d is not self]
         sampling = None if job.settings.sampling.greedy else job.settings.sampling
         path = job.auto_record_path(self.name)
-        self.record = autotune.calibrate(job.lm, prompts, limits, path, sampling=sampling, always=always)
+        self.record = autotune.calibrate(job.lm, prompts, limits, path, sampling=sampling, always=always,
+                                         cost_aware=params.cost_aware)
         batch = job.settings.batch_size
         if batch > 1:   # the pick for batches: what pays alone may not pay when B sequences share a forward
             self.record = autotune.calibrate_batch(job.lm, prompts, limits, path, self.record, batch,

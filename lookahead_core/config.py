@@ -46,6 +46,11 @@ class LookaheadConfig:
     depth: how deep suffix and recycled drafts go; 0 = N-1.
     budget: the most tokens fed per step (input token + window rows + tree nodes); nodes are kept
         by their estimated acceptance, measured online per source and depth. 0 = no cap.
+    step_costs: the device's cost of a step that feeds k tokens, relative to one token, for
+        k = 1 .. budget (``decoding=auto`` fills it from its latency curve). With it, every step
+        keeps the m best nodes that maximise expected tokens committed per cost, (1 + the sum of
+        their acceptance estimates) / step_costs[rows + m - 1], from none (a greedy step) up to
+        the budget; without it (empty), every step fills the budget.
     """
 
     window: int = 15
@@ -61,6 +66,7 @@ class LookaheadConfig:
     recycle_window: bool = False
     depth: int = 0
     budget: int = 0
+    step_costs: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         _require(_is_int(self.window) and self.window >= 1, f"window (W) must be an int >= 1, got {self.window!r}")
@@ -80,6 +86,15 @@ class LookaheadConfig:
             _require(self.guess + self.suffix + self.recycle >= 1,
                      f"pool_only needs a draft source: guess (G), suffix or recycle >= 1, got G={self.guess!r}")
             object.__setattr__(self, "prompt_pool", True)
+        costs = self.step_costs
+        _require(isinstance(costs, (tuple, list)) and all(isinstance(c, (int, float)) and not isinstance(c, bool)
+                                                          and c > 0 for c in costs),
+                 f"step_costs must be a sequence of positive numbers, got {costs!r}")
+        object.__setattr__(self, "step_costs", tuple(float(c) for c in costs))
+        if costs:
+            _require(self.tree and self.budget and len(costs) == self.budget,
+                     f"step_costs needs tree=True and one cost per step size up to the budget "
+                     f"({self.budget!r}), got {len(costs)} costs")
         if self.budget:
             least = self.window_rows + 1
             _require(self.budget >= least, f"budget must be 0 (no cap) or >= {least} (the input token"

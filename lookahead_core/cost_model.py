@@ -78,7 +78,7 @@ def default_grid() -> list[LookaheadConfig]:
 def config_label(config: LookaheadConfig | None) -> str:
     """A short name: ``greedy``, ``la_N5W15G15``, ``la_N5W15G15_pool``, ``pool_N4G3``, and for
     token trees and the other sources ``..._tree_sfx4_rc4_d6_k8`` (suffix drafts, recycled top-k,
-    ``_rw`` for recycle_window, draft depth, token budget; each only when set)."""
+    ``_rw`` for recycle_window, draft depth, token budget, ``_ca`` for step_costs; each only when set)."""
     if config is None:
         return "greedy"
     if config.pool_only:
@@ -86,7 +86,8 @@ def config_label(config: LookaheadConfig | None) -> str:
     else:
         label = f"la_N{config.ngram}W{config.window}G{config.guess}" + ("_pool" if config.prompt_pool else "")
     for flag, value in (("_tree", config.tree), ("_sfx", config.suffix), ("_rc", config.recycle),
-                        ("_rw", config.recycle_window), ("_d", config.depth), ("_k", config.budget)):
+                        ("_rw", config.recycle_window), ("_d", config.depth), ("_k", config.budget),
+                        ("_ca", bool(config.step_costs))):
         if value is True:
             label += flag
         elif value:
@@ -193,6 +194,19 @@ class CostModel:
         if config is None:
             return 1.0
         return compression * self.step_seconds(None) / self.step_seconds(config, candidates)
+
+    def step_costs(self, config: LookaheadConfig, host_seconds: float | None = None) -> tuple[float, ...]:
+        """``config.step_costs`` for this device: a k-token step of ``config`` (its logit rows, plus
+        the loop's host time) relative to a greedy step, for k = 1 .. its budget."""
+        host = self.host_seconds if host_seconds is None else host_seconds
+        one = self.step_seconds(None)
+        return tuple((self.latency(k, logit_rows_for(config, k)) + host) / one for k in range(1, config.budget + 1))
+
+    def cost_aware(self, config: LookaheadConfig) -> LookaheadConfig:
+        """``config`` with this device's ``step_costs`` if it is a tree with a budget, else as is."""
+        if not (config.tree and config.budget):
+            return config
+        return replace(config, step_costs=self.step_costs(config))
 
     def predict_steps(self, config: LookaheadConfig | None, step_tokens: Sequence[int], accepted: Sequence[int],
                       host_seconds: float | None = None) -> float:
@@ -444,6 +458,7 @@ def choose_config(
     progress: Callable[[str], None] | None = None,
     screen_tokens: int | None = None,
     finalists: int = 3,
+    cost_aware: bool = False,
 ) -> tuple[LookaheadConfig | None, ChoiceReport]:
     """Pick the config of ``grid`` (default :func:`default_grid`) predicted fastest on this device.
 
@@ -460,6 +475,10 @@ def choose_config(
        decodes only that many tokens per prompt; then the ``finalists`` best screened configs (and
        every one in ``always_calibrate``) are calibrated in full, and only those can win.
     5. The best full prediction wins if it exceeds ``min_speedup``; otherwise greedy (``None``).
+
+    With ``cost_aware``, every token tree with a budget gets this device's ``step_costs`` (after
+    step 2, so they include greedy's host time): each of its steps then feeds only the nodes that
+    pay for themselves, from none up to the budget (``drafts.best_size``).
 
     S grows with the length of the text (the pool fills up), so S from short calibrations is a
     slight underestimate for long generations. With ``sampling``, every calibration decode samples
@@ -487,6 +506,9 @@ def choose_config(
     greedy_per_token = greedy_seconds / max(sum(greedy_stats.accepted), 1)
     greedy = Calibration(None, "calibrated", 1.0, greedy_stats.steps, sum(greedy_stats.accepted),
                          1.0, greedy_host, greedy_seconds, 1.0, 1.0)
+    if cost_aware:
+        grid = [cost_model.cost_aware(c) for c in grid]
+        always_calibrate = [cost_model.cost_aware(c) for c in always_calibrate]
 
     def calibrate(config: LookaheadConfig, run_limits: DecodeLimits, status: str, bound: float) -> Calibration:
         say(f"{status.replace('calibrated', 'calibrating')} {config_label(config)}")

@@ -169,6 +169,26 @@ class RecycleSource:
                 self.successors[token] = successors
 
 
+def best_size(scores: Sequence[float], step_costs: Sequence[float], rows: int, room: int) -> int:
+    """How many of a tree's nodes to feed: the m in 0 .. ``room`` (best-scored first, as
+    ``prune_tree`` keeps them) that maximises (1 + the sum of their scores) / ``step_costs[rows + m - 1]``,
+    i.e. expected tokens committed per unit of step cost, where a node's score is its estimated
+    probability of being accepted and ``rows`` the tokens fed besides the tree (input + window).
+
+    >>> best_size([0.9, 0.8, 0.1], [1.0, 1.2, 1.3, 3.0], rows=1, room=3)   # 2 nodes: 2.7 / 1.3
+    2
+    >>> best_size([0.2], [1.0, 1.5], rows=1, room=1)                      # 1.2 / 1.5 < 1 / 1
+    0
+    """
+    best, best_value, total = 0, 1.0 / step_costs[rows - 1], 1.0
+    for m, score in enumerate(sorted(scores, reverse=True)[:max(room, 0)], start=1):
+        total += score
+        value = total / step_costs[rows + m - 1]
+        if value > best_value:
+            best, best_value = m, value
+    return best
+
+
 def base_source(tag: str) -> str:
     """``suffix:3`` -> ``suffix``."""
     return tag.split(":", 1)[0]
@@ -216,9 +236,10 @@ class Proposer:
 
     def __init__(self, sources: Sequence[DraftSource], *, merge: bool, budget: int = 0,
                  window: JacobiWindow | None = None, stats: DraftStats | None = None,
-                 recycle_window: bool = False) -> None:
+                 recycle_window: bool = False, step_costs: Sequence[float] = ()) -> None:
         self.sources = list(sources)
         self.merge, self.budget, self.window = merge, budget, window
+        self.step_costs = tuple(step_costs)           # relative cost of a k-token step, k = 1 .. budget
         self.recycle_window = recycle_window          # the step keeps every window row's logits
         self.stats = stats if stats is not None else DraftStats()
         self.topk = max((s.topk for s in self.sources), default=0)
@@ -235,12 +256,17 @@ class Proposer:
         if config.recycle:
             sources.append(RecycleSource(config.recycle, config.draft_depth))
         return cls(sources, merge=config.tree, budget=config.budget, window=window,
-                   recycle_window=config.recycle_window)
+                   recycle_window=config.recycle_window, step_costs=config.step_costs)
 
     def propose(self, context: Sequence[int], window_rows: int) -> DraftTree:
         tree = build_tree([d for s in self.sources for d in s.propose(context)], self.merge)
-        if self.budget and len(tree) > self.budget - window_rows:
-            tree = prune_tree(tree, self.scores(tree), self.budget - window_rows)
+        room = self.budget - window_rows if self.budget else len(tree)
+        if self.step_costs:
+            scores = self.scores(tree)
+            keep = best_size(scores, self.step_costs, window_rows, room)
+            return prune_tree(tree, scores, keep) if keep < len(tree) else tree
+        if len(tree) > room:
+            tree = prune_tree(tree, self.scores(tree), room)
         return tree
 
     def scores(self, tree: DraftTree) -> list[float]:

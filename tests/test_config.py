@@ -14,6 +14,10 @@ from lookahead_core import DecodeLimits, LookaheadConfig, SamplingConfig, decode
     ({"pool_only": True, "guess": 2, "budget": 1}, "budget"),
     ({"recycle_window": True}, "recycle_window"), ({"recycle": 2, "recycle_window": 1}, "recycle_window"),
     ({"pool_only": True, "guess": 2, "recycle": 2, "recycle_window": True}, "recycle_window"),
+    ({"step_costs": (1.0,)}, "step_costs"),                                       # no tree, no budget
+    ({"pool_only": True, "guess": 2, "tree": True, "budget": 3, "step_costs": (1.0, 2.0)}, "step_costs"),
+    ({"pool_only": True, "guess": 2, "tree": True, "budget": 2, "step_costs": (1.0, -2.0)}, "step_costs"),
+    ({"pool_only": True, "guess": 2, "tree": True, "budget": 2, "step_costs": "12"}, "step_costs"),
 ])
 def test_lookahead_config_rejects(kwargs, field):
     with pytest.raises(ValueError, match=field):

@@ -250,6 +250,11 @@ def test_tree_fields_at_their_defaults_keep_old_results_paths() -> None:
     tree = to_settings(compose_config("experiment=mtbench", "decoding=lookahead_pool", "decoding.tree=true"))
     assert tree.results_path() != settings.results_path() and tree.candidates[0].config.tree
     assert tree.candidates[0].fingerprint()[2]["tree"] is True
+    assert "step_costs" not in params and "recycle_window" not in params     # yaml [] equals the default ()
+    auto = to_settings(compose_config("experiment=mtbench", "decoding=auto")).candidates[0]
+    assert "cost_aware" not in auto.fingerprint()[2]
+    aware = to_settings(compose_config("experiment=mtbench", "decoding=auto", "decoding.cost_aware=true"))
+    assert aware.candidates[0].fingerprint()[2]["cost_aware"] is True and aware.results_path() != settings.results_path()
 
 
 def test_the_joblib_launcher_is_available() -> None:

@@ -187,6 +187,19 @@ def test_measure_latency_retimes_a_curve_bent_by_load(tiny):
     assert fixed.seconds[0] < 0.0045                  # the unloaded 2.5 ms, not the loaded 8.5 ms
 
 
+def test_cost_aware_trees_get_this_devices_step_costs(tiny):
+    cost = CostModel(tokens=(1, 4, 8), seconds=(1.0, 1.6, 2.0), host_seconds=0.25)
+    tree = LookaheadConfig(ngram=4, guess=4, pool_only=True, tree=True, suffix=4, budget=8)
+    aware = cost.cost_aware(tree)
+    assert aware.step_costs[0] == pytest.approx(1.0) and len(aware.step_costs) == 8
+    assert aware.step_costs[3] == pytest.approx((1.6 + 0.25) / 1.25)          # 4 tokens, host included
+    assert config_label(aware) == config_label(tree) + "_ca"
+    assert cost.cost_aware(EXAMPLE) is EXAMPLE                              # linear branches: unchanged
+    chosen, report = choose_config(tiny, repetitive_prompts(tiny.config.vocab_size), DecodeLimits(16),
+                                   grid=[tree], cost_model=cost, cost_aware=True, prune=False)
+    assert [c.config.step_costs != () for c in report.candidates if c.config is not None] == [True]
+
+
 def test_auto_picks_greedy_when_big_forwards_are_expensive(tiny):
     # A CPU caricature: a forward of k tokens costs k forwards of one. No step can win.
     steep = CostModel(tokens=(1, 256), seconds=(1.0, 256.0))

@@ -5,7 +5,9 @@ from collections import Counter
 
 import torch
 
-from lookahead_core.drafts import DraftStats, NGramSource, Proposer, RecycleSource, StepOutcome, SuffixSource
+from lookahead_core.drafts import (
+    DraftStats, NGramSource, Proposer, RecycleSource, StepOutcome, SuffixSource, best_size,
+)
 from lookahead_core.layout import Draft, build_tree
 from lookahead_core.pool import NGramPool
 
@@ -113,3 +115,29 @@ def test_recycle_window_refreshes_successors_from_every_window_row(monkeypatch):
     assert tokens == tokens_off                            # both lossless on the same prompt
     warm = [i for i, k in enumerate(fed_off) if i >= base.ngram - 2]
     assert all(rows_off[i] < fed_off[i] for i in warm)    # lower levels' rows were not kept
+
+
+def test_best_size_is_the_brute_force_argmax_of_tokens_per_cost():
+    """Against every m by hand, on random scores and curves (non-monotone ones too, as on CPUs)."""
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        n, rows = int(torch.randint(0, 8, (1,), generator=gen)), int(torch.randint(1, 4, (1,), generator=gen))
+        scores = torch.rand(n, generator=gen).tolist()
+        costs = (1 + 3 * torch.rand(rows + n, generator=gen)).tolist()
+        room = int(torch.randint(0, n + 1, (1,), generator=gen))
+        top = sorted(scores, reverse=True)
+        values = [(1 + sum(top[:m])) / costs[rows + m - 1] for m in range(room + 1)]
+        assert best_size(scores, costs, rows, room) == values.index(max(values))
+
+
+def test_cost_aware_proposer_feeds_nothing_when_drafts_do_not_pay():
+    """A steep curve (every extra token costs a whole step) makes any tree a loss; a flat one keeps
+    the whole budget; the pruned tree is what prune_tree keeps for that size."""
+    drafts_of = lambda context: [Draft((7, 8, 9), ("pool",) * 3), Draft((7, 5), ("pool",) * 2)]
+    source = type("Fixed", (), {"topk": 0, "propose": staticmethod(drafts_of), "update": lambda self, o: None})()
+    steep = Proposer([source], merge=True, budget=5, step_costs=(1.0, 2.0, 3.0, 4.0, 5.0))
+    flat = Proposer([source], merge=True, budget=5, step_costs=(1.0,) * 5)
+    assert len(steep.propose([1, 7], window_rows=1)) == 0
+    assert len(flat.propose([1, 7], window_rows=1)) == 4          # 7, 8, 9, 5: all four nodes
+    tight = Proposer([source], merge=True, budget=3, step_costs=(1.0,) * 3)
+    assert tight.propose([1, 7], window_rows=1).tokens == (7, 8)  # the budget still caps it

@@ -62,6 +62,11 @@ TREE_GRID = [
     LookaheadConfig(ngram=2, guess=3, pool_only=True, tree=True, suffix=1, recycle=1, depth=1),
     LookaheadConfig(ngram=4, guess=0, pool_only=True, tree=True, suffix=1, depth=10),       # auto's deep suffix trees
     LookaheadConfig(ngram=4, guess=0, pool_only=True, tree=True, suffix=4, depth=10, budget=12),
+    # Cost-aware trees: a CPU-like curve (2-3 token steps dear, 4 cheap) and a GPU-like flat one.
+    LookaheadConfig(ngram=4, guess=4, pool_only=True, tree=True, suffix=4, recycle=4, depth=6, budget=8,
+                    step_costs=(1.0, 2.0, 2.6, 1.7, 1.9, 1.9, 2.0, 2.1)),
+    LookaheadConfig(5, 4, 4, prompt_pool=True, tree=True, suffix=2, recycle=2, budget=24,
+                    step_costs=tuple(1.0 + 0.01 * k for k in range(24))),
 ]
 
 
