@@ -6,13 +6,15 @@
 # MODELS="qwen25_coder_05b" limits the models, and PREFIX names the run folders (default auto: the
 # folders of the table in README.md; auto2: the grid with suffix-only trees, from commit "auto's grid
 # gains suffix-only trees", the latency curve re-timed when load bends it, and 3 calibration prompts
-# instead of 2; CALIBRATION_PROMPTS overrides).
+# instead of 2; CALIBRATION_PROMPTS overrides; auto3: COST_AWARE=1, auto's trees cost-aware, i.e.
+# --cost-aware: each step feeds only the nodes that pay on this device).
 # Then: python -m experiments.benchmark collect results/benchmark/trees
 set -u
 only=" $* "
 prefix=${PREFIX:-auto}
 calibration=${CALIBRATION_PROMPTS:-$([ "$prefix" = auto ] && echo 2 || echo 3)}
 models=${MODELS:-smollm2_135m qwen25_coder_05b}
+aware=(); [ -n "${COST_AWARE:-}" ] && aware=(--cost-aware)
 cd "$(dirname "$0")/../../.."
 common=(--max-new-tokens 128 --configs --pool-only 3,1 --prompt-lookup 3 10 --auto --calibration-prompts $calibration --threads 1)
 # experiment and its --every (evenly spaced items; MT-Bench: 8 categories of 10)
@@ -25,6 +27,6 @@ for model in $models; do
         [ -n "${only// /}" ] && [[ "$only" != *" $1 "* ]] && continue
         every=$([ "$model" = smollm2_135m ] && echo "$2" || echo $(( $2 * 2 )))
         nice -n 5 python -m experiments.benchmark run --model "$model" --dataset "$1" --limit "$limit" --every "$every" \
-            "${common[@]}" --out "results/benchmark/trees/${prefix}_${short}_$1"
+            "${common[@]}" "${aware[@]}" --out "results/benchmark/trees/${prefix}_${short}_$1"
     done
 done
