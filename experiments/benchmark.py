@@ -517,6 +517,13 @@ def collect(runs: Sequence[tuple[str, pd.DataFrame, pd.DataFrame]]) -> pd.DataFr
 TREE_S_GOAL = 1.15     # issue #11: a tree's S at least 15% above the same (N, W, G)'s linear branches
 
 
+def linear_twin(config: LookaheadConfig) -> LookaheadConfig:
+    """The paper's linear branches at ``config``'s (N, W, G) and pool: only the fields linear
+    lookahead has, every tree-only field (sources, budget, costs, ...) at its default."""
+    linear_fields = ("window", "ngram", "guess", "prompt_pool", "pool_only", "keep_pool", "seed")
+    return LookaheadConfig(**{name: getattr(config, name) for name in linear_fields})
+
+
 def tree_vs_linear(runs: Sequence[tuple[str, pd.DataFrame, pd.DataFrame]]) -> pd.DataFrame:
     """Every token-tree decoder with a window beside the linear-branch decoder of the same (N, W, G)
     and prompt pool, on the same prompts: S, tokens fed per step, and the goal (S at least 15%
@@ -538,7 +545,7 @@ def tree_vs_linear(runs: Sequence[tuple[str, pd.DataFrame, pd.DataFrame]]) -> pd
         for name, (tree_run, config, tree) in decoders.items():
             if not config.tree or config.pool_only:
                 continue
-            linear = dataclasses.replace(config, tree=False, suffix=0, recycle=0, recycle_window=False, depth=0, budget=0)
+            linear = linear_twin(config)
             match = [(n, run, row) for n, (run, c, row) in decoders.items() if c == linear]
             if not match:
                 continue

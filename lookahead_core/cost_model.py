@@ -310,22 +310,25 @@ def measure_latency(
             if round_index:
                 times[(k, single)].append(elapsed)
 
-    def curves() -> tuple[tuple[float, ...], tuple[float, ...] | None]:
+    def curves() -> tuple[tuple[float, ...], tuple[float, ...] | None, list[int]]:
+        """The fastest-time curves so far and the sizes that bend either of them."""
         full = tuple(min(times[(k, False)]) for k in sizes)
-        return full, tuple(min(times[(k, True)]) for k in sizes) if one_logit else None
+        ones = tuple(min(times[(k, True)]) for k in sizes) if one_logit else None
+        bent = set(bent_sizes(sizes, full, tolerance)) | set(bent_sizes(sizes, ones, tolerance) if ones else ())
+        return full, ones, sorted(bent)
 
     for round_index in range(repeats + 1):
         timed_round(round_index)
-    full, ones = curves()
+    full, ones, bent = curves()
     extra = 0
-    while extra < extra_rounds and (bent_sizes(sizes, full, tolerance) or (ones and bent_sizes(sizes, ones, tolerance))):
+    while bent and extra < extra_rounds:
         extra += 1
         timed_round(repeats + extra)
-        full, ones = curves()
-    bent = sorted(set(bent_sizes(sizes, full, tolerance)) | set(bent_sizes(sizes, ones, tolerance) if ones else ()))
+        full, ones, bent = curves()
     if bent:
         warnings.warn(f"latency curve still bent after {extra} extra rounds: t(k) < t(1) for k = {bent} "
-                      "(the machine is loaded; predictions from this curve favour those sizes)",
+                      "(load inflated t(1), or the curve is flat within timing noise, as on GPUs and tiny "
+                      "models; predictions from this curve favour those sizes)",
                       RuntimeWarning, stacklevel=2)
     return CostModel(tuple(sizes), full, ones, device=str(lm.device), kv_length=past, batch=batch)
 

@@ -264,7 +264,7 @@ class Proposer:
         if self.step_costs:
             scores = self.scores(tree)
             keep = best_size(scores, self.step_costs, window_rows, room)
-            return prune_tree(tree, scores, keep) if keep < len(tree) else tree
+            return prune_tree(tree, scores, keep)
         if len(tree) > room:
             tree = prune_tree(tree, self.scores(tree), room)
         return tree

@@ -216,6 +216,16 @@ def test_a_run_resumed_by_newer_code_is_still_one_setup(run_dir: Path):
     assert table.set_index("decoder")["speedup_sum"].equals(benchmark.summarize(rows).set_index("decoder")["speedup_sum"])
 
 
+def test_linear_twin_keeps_only_the_linear_fields():
+    """A tree's twin drops every tree-only field, cost-aware ones included (replacing the budget
+    by 0 while step_costs stayed would be refused by LookaheadConfig)."""
+    from lookahead_core import LookaheadConfig
+
+    tree = LookaheadConfig(5, 4, 4, prompt_pool=True, tree=True, suffix=2, recycle=2, recycle_window=True,
+                           depth=6, budget=24, step_costs=tuple(1.0 + 0.1 * k for k in range(24)), seed=3)
+    assert benchmark.linear_twin(tree) == LookaheadConfig(5, 4, 4, prompt_pool=True, seed=3)
+
+
 @needs_data
 def test_tree_configs_and_spread_items(tmp_path: Path):
     """--core adds token-tree decoders (acceptance per source in the rows), --every spreads the
