@@ -52,8 +52,11 @@ DEFAULT_TREE_BUDGETS: tuple[int, ...] = (3, 4, 5, 6, 8, 12, 16, 32, 64)
 DEFAULT_SUFFIX_TREE_BUDGETS: tuple[int, ...] = (4, 8)
 # Suffix-only trees (no pool, no recycling) as (matches, depth, budget): prompt lookup's shape, and
 # deeper ones for outputs that copy long spans (ClassEval: one match 10 deep beat prompt lookup
-# k = 10 where the depth-6 trees above could not; results/benchmark/trees/README.md).
-DEFAULT_SUFFIX_ONLY_TREES: tuple[tuple[int, int, int], ...] = ((1, 3, 0), (4, 6, 8), (1, 10, 0), (4, 10, 12))
+# k = 10 where the depth-6 trees above could not; results/benchmark/trees/README.md). One match
+# gets the budget 1 + depth: no cut by itself, but what a cost-aware step cuts from (a 16-deep
+# copy fed only where its match is long: Qwen2.5-Coder CNN/DM, the README's auto4 section).
+DEFAULT_SUFFIX_ONLY_TREES: tuple[tuple[int, int, int], ...] = (
+    (1, 3, 4), (4, 6, 8), (1, 10, 11), (4, 10, 12), (1, 16, 17), (4, 16, 16))
 
 
 def tree_config(budget: int, recycle: int = 4, depth: int = 6) -> LookaheadConfig:

@@ -118,7 +118,8 @@ def test_labels_and_grid():
     labels = [config_label(c) for c in default_grid()]
     assert len(labels) == len(set(labels)) and any(label.startswith("pool_") for label in labels)
     # suffix-only trees, down to the depth prompt lookup k = 10 copies (one step: 11 tokens)
-    assert {"pool_N4G0_tree_sfx1_d3", "pool_N4G0_tree_sfx1_d10", "pool_N4G0_tree_sfx4_d10_k12"} <= set(labels)
+    assert {"pool_N4G0_tree_sfx1_d3_k4", "pool_N4G0_tree_sfx1_d10_k11", "pool_N4G0_tree_sfx4_d10_k12",
+            "pool_N4G0_tree_sfx1_d16_k17", "pool_N4G0_tree_sfx4_d16_k16"} <= set(labels)
 
 
 # ---------------------------------------------------------------------------------------------
