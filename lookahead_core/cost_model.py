@@ -35,7 +35,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from .config import DecodeLimits, LookaheadConfig, SamplingConfig
-from .decoder import DecodeStats, decode
+from .decoder import DecodeState, DecodeStats, decode
 from .layout import causal_layout, step_layout
 from .model_io import CausalLM, Feed, truncate_kv
 
@@ -52,8 +52,11 @@ DEFAULT_TREE_BUDGETS: tuple[int, ...] = (3, 4, 5, 6, 8, 12, 16, 32, 64)
 DEFAULT_SUFFIX_TREE_BUDGETS: tuple[int, ...] = (4, 8)
 # Suffix-only trees (no pool, no recycling) as (matches, depth, budget): prompt lookup's shape, and
 # deeper ones for outputs that copy long spans (ClassEval: one match 10 deep beat prompt lookup
-# k = 10 where the depth-6 trees above could not; results/benchmark/trees/README.md).
-DEFAULT_SUFFIX_ONLY_TREES: tuple[tuple[int, int, int], ...] = ((1, 3, 0), (4, 6, 8), (1, 10, 0), (4, 10, 12))
+# k = 10 where the depth-6 trees above could not; results/benchmark/trees/README.md). One match
+# gets the budget 1 + depth: no cut by itself, but what a cost-aware step cuts from (a 16-deep
+# copy fed only where its match is long: Qwen2.5-Coder CNN/DM, the README's auto4 section).
+DEFAULT_SUFFIX_ONLY_TREES: tuple[tuple[int, int, int], ...] = (
+    (1, 3, 4), (4, 6, 8), (1, 10, 11), (4, 10, 12), (1, 16, 17), (4, 16, 16))
 
 
 def tree_config(budget: int, recycle: int = 4, depth: int = 6) -> LookaheadConfig:
@@ -433,11 +436,22 @@ def upper_bound(cost: CostModel, config: LookaheadConfig, host_seconds: float | 
     return max(greedy / bare, (depth + 1) * greedy / with_one)
 
 
-def _run_prompts(model, prompts, config, limits, sampling=None) -> tuple[DecodeStats, float]:
-    """Decode every prompt; returns the merged per-step record and the wall seconds of the loops."""
+def prefilled(model, prompts: Sequence[list[int]]) -> list[DecodeState]:
+    """Each prompt's KV, computed once: ``decode`` from a copy of one prefills only the prompt's
+    last token, so a calibration of many configs pays each long prompt's prefill once, not once per
+    config (on Qwen2.5-Coder-0.5B with ~960-token CNN/DM prompts the prefill was 9 s of a
+    14 s screen decode)."""
+    return [decode(model, prompt, None, DecodeLimits(max_new_tokens=1)).state for prompt in prompts]
+
+
+def _run_prompts(model, prompts, config, limits, sampling=None,
+                 states: Sequence[DecodeState] | None = None) -> tuple[DecodeStats, float]:
+    """Decode every prompt (from a copy of its ``prefilled`` state, if given); returns the merged
+    per-step record and the wall seconds of the loops."""
     merged = DecodeStats()
-    for prompt in prompts:
-        stats = decode(model, prompt, config, limits, sampling).stats
+    for i, prompt in enumerate(prompts):
+        state = states[i].copy() if states is not None else None
+        stats = decode(model, prompt, config, limits, sampling, state=state).stats
         merged.steps += stats.steps
         merged.step_tokens += stats.step_tokens
         merged.accepted += stats.accepted
@@ -467,7 +481,8 @@ def choose_config(
 
     1. Latency curve: ``cost_model``, or measured now with a KV length of the prompts' mean plus
        half the generation budget.
-    2. Greedy on every calibration prompt (it also warms up), to measure the loop's host time per
+    2. Each calibration prompt is prefilled once (:func:`prefilled`); every decode below starts from
+       a copy of its KV. Greedy on every calibration prompt, to measure the loop's host time per
        step.
     3. Configs in order of their upper bound (:func:`upper_bound`); with ``prune``, a config whose
        bound cannot beat the best prediction so far is skipped (never one in ``always_calibrate``).
@@ -503,7 +518,8 @@ def choose_config(
 
     say("calibrating greedy")
     decode(lm, calibration_prompts[0], None, replace(limits, max_new_tokens=min(8, limits.max_new_tokens)))  # warm-up
-    greedy_stats, greedy_seconds = _run_prompts(lm, calibration_prompts, None, limits, sampling)
+    states = prefilled(lm, calibration_prompts)
+    greedy_stats, greedy_seconds = _run_prompts(lm, calibration_prompts, None, limits, sampling, states)
     greedy_host = max(0.0, greedy_stats.decode_seconds - greedy_stats.model_seconds) / max(greedy_stats.steps, 1)
     cost_model = replace(cost_model, host_seconds=greedy_host)
     greedy_per_token = greedy_seconds / max(sum(greedy_stats.accepted), 1)
@@ -515,7 +531,7 @@ def choose_config(
 
     def calibrate(config: LookaheadConfig, run_limits: DecodeLimits, status: str, bound: float) -> Calibration:
         say(f"{status.replace('calibrated', 'calibrating')} {config_label(config)}")
-        stats, seconds = _run_prompts(lm, calibration_prompts, config, run_limits, sampling)
+        stats, seconds = _run_prompts(lm, calibration_prompts, config, run_limits, sampling, states)
         host = max(0.0, stats.decode_seconds - stats.model_seconds) / max(stats.steps, 1)
         predicted = cost_model.predict_steps(config, stats.step_tokens, stats.accepted, host_seconds=host)
         per_token = seconds / max(sum(stats.accepted), 1)

@@ -8,7 +8,7 @@ import warnings
 import pytest
 import torch
 
-from lookahead_core import DecodeLimits, LookaheadConfig
+from lookahead_core import DecodeLimits, LookaheadConfig, decode
 from lookahead_core.cost_model import (
     CostModel,
     bent_sizes,
@@ -17,6 +17,7 @@ from lookahead_core.cost_model import (
     default_grid,
     logit_rows_for,
     measure_latency,
+    prefilled,
     step_shape,
     upper_bound,
 )
@@ -117,7 +118,8 @@ def test_labels_and_grid():
     labels = [config_label(c) for c in default_grid()]
     assert len(labels) == len(set(labels)) and any(label.startswith("pool_") for label in labels)
     # suffix-only trees, down to the depth prompt lookup k = 10 copies (one step: 11 tokens)
-    assert {"pool_N4G0_tree_sfx1_d3", "pool_N4G0_tree_sfx1_d10", "pool_N4G0_tree_sfx4_d10_k12"} <= set(labels)
+    assert {"pool_N4G0_tree_sfx1_d3_k4", "pool_N4G0_tree_sfx1_d10_k11", "pool_N4G0_tree_sfx4_d10_k12",
+            "pool_N4G0_tree_sfx1_d16_k17", "pool_N4G0_tree_sfx4_d16_k16"} <= set(labels)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -198,6 +200,30 @@ def test_cost_aware_trees_get_this_devices_step_costs(tiny):
     chosen, report = choose_config(tiny, repetitive_prompts(tiny.config.vocab_size), DecodeLimits(16),
                                    grid=[tree], cost_model=cost, cost_aware=True, prune=False)
     assert [c.config.step_costs != () for c in report.candidates if c.config is not None] == [True]
+
+
+def test_calibration_prefills_each_prompt_once_and_decodes_as_a_fresh_prefill_would(tiny):
+    prompts = repetitive_prompts(tiny.config.vocab_size)
+    grid = [LookaheadConfig(ngram=3, guess=1, pool_only=True),
+            LookaheadConfig(ngram=4, guess=0, pool_only=True, tree=True, suffix=2, depth=5, budget=6)]
+    sizes: list[int] = []
+    hook = tiny.register_forward_pre_hook(lambda m, a, kw: sizes.append(kw["input_ids"].shape[1]), with_kwargs=True)
+    try:
+        _, report = choose_config(tiny, prompts, DecodeLimits(16), grid, cost_model=CostModel((1, 64), (1.0, 1.0)),
+                                  prune=False)
+    finally:
+        hook.remove()
+    # whole prompts fed: the warm-up, then each prompt once (not once per config and greedy: 1 + 2 * 3)
+    assert sum(k >= len(prompts[0]) - 1 for k in sizes) == 1 + len(prompts)
+    states = prefilled(tiny, prompts)
+    for config in [None] + grid:
+        for prompt, state in zip(prompts, states):
+            fresh = decode(tiny, prompt, config, DecodeLimits(16))
+            shared = decode(tiny, prompt, config, DecodeLimits(16), state=state.copy())
+            assert shared.tokens == fresh.tokens and shared.stats.accepted == fresh.stats.accepted
+    assert [c.accepted for c in report.candidates] == [
+        sum(sum(decode(tiny, p, c, DecodeLimits(16)).stats.accepted) for p in prompts)
+        for c in [None] + [r.config for r in report.candidates[1:]]]
 
 
 def test_auto_picks_greedy_when_big_forwards_are_expensive(tiny):

@@ -6,7 +6,8 @@ from collections import Counter
 import torch
 
 from lookahead_core.drafts import (
-    DraftStats, NGramSource, Proposer, RecycleSource, StepOutcome, SuffixSource, best_size,
+    MATCH_CAP, DraftStats, NGramSource, Proposer, RecycleSource, StepOutcome, SuffixSource, best_size,
+    match_length,
 )
 from lookahead_core.layout import Draft, build_tree
 from lookahead_core.pool import NGramPool
@@ -21,6 +22,21 @@ def test_suffix_prefers_the_longest_matching_context_then_the_most_recent():
     assert [d.tokens for d in drafts] == [(4, 8), (3, 9), (6, 1)]
     assert [d.tags[0] for d in drafts] == ["suffix:2", "suffix:2", "suffix:1"]
     assert len(SuffixSource(matches=1, depth=2, context=context).propose(context)) == 1
+
+
+def test_suffix_takes_the_longest_measured_match_before_the_most_recent_and_tags_its_bucket():
+    copied = [11, 12, 13, 14, 15, 16, 17, 18, 19]            # 9 tokens: the copy in progress
+    context = [1] + copied + [20, 21] + [0, 16, 17, 18, 19] + [30, 31] + [5] + copied
+    # "16 17 18 19" ends at 9 (matched 9 tokens back: bucket 8) and at 16 (preceded by 0: 4 tokens)
+    source = SuffixSource(matches=3, depth=2, context=context)
+    drafts = source.propose(context)
+    assert [d.tokens for d in drafts][:2] == [(20, 21), (30, 31)]
+    assert [d.tags[0] for d in drafts][:2] == ["suffix:8", "suffix:4"]
+    # the measure stops at MATCH_CAP, and a match reaching the text's start stops there
+    text = list(range(100, 140)) + [7] + list(range(100, 140))          # a 40-token match
+    assert match_length(text, end=39, last=80, known=4) == MATCH_CAP < 40
+    assert SuffixSource(1, 1, text).propose(text)[0].tags == ("suffix:32",)
+    assert SuffixSource(1, 1, [3, 4, 9, 3, 4]).propose([3, 4, 9, 3, 4])[0].tags == ("suffix:2",)
 
 
 def test_suffix_index_grows_with_the_text_and_copies_past_its_end():
@@ -65,6 +81,27 @@ def test_stats_count_fed_tried_and_accepted_per_tag_and_depth():
     assert stats.tried[("a", 2)] == 1 and stats.tried[("a", 1)] == 2
     rows = {(r["source"], r["depth"]): r for r in stats.table()}
     assert rows[("b", 1)]["acceptance"] == 1 / 4 and rows[("a", 3)]["acceptance"] == 0.0
+
+
+def test_an_unseen_depth_takes_the_rate_one_level_up_so_a_cost_aware_budget_reaches_deep_copies():
+    stats = DraftStats()
+    copy = build_tree([Draft((1, 2), ("suffix:16",) * 2)])
+    for _ in range(8):
+        stats.record(copy, [0, 1])                    # 2-deep copies, always accepted
+    assert stats.rate("suffix:16", 1) == 9 / 10
+    assert stats.rate("suffix:16", 2) == (8 + 2 * 0.9) / 10
+    assert stats.rate("suffix:16", 9) == stats.rate("suffix:16", 2)     # never fed that deep: the guess
+    assert stats.rate("other", 3) == 0.5                                  # unseen tag: coin flips
+    # A 9-deep draft against a curve where a 10-token step costs 2 one-token steps: with the old flat
+    # prior (0.5 per level) only 4 nodes would pay; with the measured rates all 9 do.
+    deep = build_tree([Draft(tuple(range(10, 19)), ("suffix:16",) * 9)])
+    scores = Proposer([], merge=True, stats=stats).scores(deep)
+    costs = [1.0] + [1.0 + k / 9 for k in range(1, 10)]
+    assert best_size(scores, costs, rows=1, room=9) == 9
+    assert best_size([0.5 ** d for d in range(1, 10)], costs, rows=1, room=9) < 9
+    stats.record(build_tree([Draft((1, 2, 3), ("suffix:16",) * 3)]), [0, 1])  # depth 3 tried, rejected
+    assert stats.rate("suffix:16", 3) == 2 * stats.rate("suffix:16", 2) / 3   # the cache was refreshed
+    assert best_size(Proposer([], merge=True, stats=stats).scores(deep), costs, rows=1, room=9) < 9
 
 
 def test_proposer_keeps_the_most_likely_nodes_within_the_budget():

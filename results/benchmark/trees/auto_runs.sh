@@ -7,16 +7,21 @@
 # folders of the table in README.md; auto2: the grid with suffix-only trees, from commit "auto's grid
 # gains suffix-only trees", the latency curve re-timed when load bends it, and 3 calibration prompts
 # instead of 2; CALIBRATION_PROMPTS overrides; auto3: COST_AWARE=1, auto's trees cost-aware, i.e.
-# --cost-aware: each step feeds only the nodes that pay on this device).
+# --cost-aware: each step feeds only the nodes that pay on this device; auto4: cost-aware always,
+# from commit "auto4": suffix drafts tagged by their measured match length, an unseen depth's
+# acceptance guessed from the level above, 16-deep suffix trees in the grid, each calibration
+# prompt prefilled once, and calibration decodes as long as the evaluated ones (128 tokens;
+# CALIBRATION_TOKENS overrides)).
 # Then: python -m experiments.benchmark collect results/benchmark/trees
 set -u
 only=" $* "
 prefix=${PREFIX:-auto}
 calibration=${CALIBRATION_PROMPTS:-$([ "$prefix" = auto ] && echo 2 || echo 3)}
 models=${MODELS:-smollm2_135m qwen25_coder_05b}
-aware=(); [ -n "${COST_AWARE:-}" ] && aware=(--cost-aware)
+tokens=${CALIBRATION_TOKENS:-$([ "$prefix" = auto4 ] && echo 128 || echo 64)}
+aware=(); [ -n "${COST_AWARE:-}" ] || [ "$prefix" = auto4 ] && aware=(--cost-aware)
 cd "$(dirname "$0")/../../.."
-common=(--max-new-tokens 128 --configs --pool-only 3,1 --prompt-lookup 3 10 --auto --calibration-prompts $calibration --threads 1)
+common=(--max-new-tokens 128 --configs --pool-only 3,1 --prompt-lookup 3 10 --auto --calibration-prompts $calibration --calibration-tokens $tokens --threads 1)
 # experiment and its --every (evenly spaced items; MT-Bench: 8 categories of 10)
 sets=("humaneval 8" "mbpp 12" "mtbench 4" "classeval 5" "cnndm 50" "xsum 50")
 for model in $models; do
