@@ -154,6 +154,11 @@ def test_bent_sizes_flags_only_sizes_faster_than_one_token():
     assert bent_sizes((1, 3, 8), (1.0, 3.0, 1.4)) == []           # non-monotone above t(1) is real on CPUs
 
 
+# The fake device's sleeps are scaled by this (t(1) = 10 ms unloaded): a starved scheduler adds a
+# few ms to every sleep, which must not erase the 1-vs-4-token gap the test reads.
+SLEEP = 4.0
+
+
 def loaded_device(tiny, loaded_calls: int):
     """A CausalLM whose forward sleeps 2 ms + 0.5 ms per token, and whose first ``loaded_calls``
     one-token forwards (after the prefill) also wait 6 ms, as if another job held the core each time
@@ -163,11 +168,11 @@ def loaded_device(tiny, loaded_calls: int):
 
     def forward_batch(cache, feeds):
         k = len(feeds[0].tokens)
-        delay = 0.002 + 0.0005 * k
+        delay = SLEEP * (0.002 + 0.0005 * k)
         if k == 1:
             seen["one"] += 1
             if seen["one"] <= loaded_calls:
-                delay += 0.006
+                delay += SLEEP * 0.006
         time.sleep(delay)
         return []
 
@@ -186,7 +191,7 @@ def test_measure_latency_retimes_a_curve_bent_by_load(tiny):
         warnings.simplefilter("error")
         fixed = measure_latency(loaded_device(tiny, loaded), sizes=(1, 4), kv_length=8, repeats=repeats)
     assert fixed.seconds[0] < fixed.seconds[1] and fixed.seconds_one_logit[0] < fixed.seconds_one_logit[1]
-    assert fixed.seconds[0] < 0.0045                  # the unloaded 2.5 ms, not the loaded 8.5 ms
+    assert fixed.seconds[0] < SLEEP * 0.0045          # the unloaded t(1) (2.5 ms x SLEEP), not the loaded 8.5
 
 
 def test_cost_aware_trees_get_this_devices_step_costs(tiny):
@@ -246,7 +251,8 @@ def test_auto_picks_lookahead_when_big_forwards_are_free(tiny):
     assert isinstance(chosen, LookaheadConfig)
     best = max(report.candidates, key=lambda c: c.predicted or 0.0)
     assert best.config == chosen and best.predicted > 1.0 and best.compression > 1.0
-    assert best.predicted == pytest.approx(best.compression, rel=0.01)   # host time is negligible at 1 s/step
+    # host time is negligible at 1 s/step (5%: tens of ms a step on a starved machine still pass)
+    assert best.predicted == pytest.approx(best.compression, rel=0.05)
     assert len(report.rows()) == len(default_grid()) + 1
 
 
