@@ -32,6 +32,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Protocol
 
 import torch
@@ -122,7 +123,8 @@ class SuffixSource:
         drafts: list[Draft] = []
         seen: set[tuple[int, ...]] = set()
         for m in range(min(SUFFIX_CONTEXT, len(context)), 0, -1):
-            ends = [e for e in reversed(self._ends.get(tuple(context[last - m + 1:]), ())) if e != last][:LOOKUPS]
+            occurrences = reversed(self._ends.get(tuple(context[last - m + 1:]), ()))
+            ends = list(islice((e for e in occurrences if e != last), LOOKUPS))   # not every one of a common token
             lengths = [match_length(context, end, last, m) for end in ends]
             for length, end in sorted(zip(lengths, ends), key=lambda pair: -pair[0]):    # stable: recent first
                 continuation = _copy(context, end + 1, self.depth)
