@@ -19,6 +19,7 @@ from tqdm import tqdm
 from lookahead_core import cost_model as cm
 from lookahead_core import decode
 from lookahead_core.config import DecodeLimits, LookaheadConfig, SamplingConfig
+from lookahead_core.drafts import DraftStats
 
 FINALISTS = 3              # configs calibrated in full after the screen
 SCREEN_MIN_TOKENS = 8      # the screen decodes max(this, calibration tokens / 2) tokens per prompt
@@ -67,6 +68,8 @@ def calibrate(
         "calibration_seconds": report.seconds,
         "latency": report.cost_model.to_rows(),
         "candidates": report.rows(),
+        # The survey's acceptance per (tag, depth), the prior of the pick's decodes (cost-aware only).
+        "draft_prior": None if report.drafts is None else report.drafts.table(by_source=False),
         "markdown": "#### decoding=auto / cost model calibration\n\n" + report.to_markdown()
                     + "\n\nForward latency t(k)/t(1) on this device: "
                     + ", ".join(f"{k}: {r:.2f}" for k, r in report.cost_model.relative()),
@@ -124,6 +127,12 @@ def chosen_config(record: dict, seed: int = 0) -> LookaheadConfig | None:
     predicted fastest."""
     chosen = record["batch"]["chosen_config"] if "batch" in record else record["chosen_config"]
     return None if chosen is None else LookaheadConfig(**chosen, seed=seed)
+
+
+def draft_prior(record: dict) -> DraftStats | None:
+    """The acceptance the calibration's survey measured (``None``: no survey, or an older record)."""
+    rows = record.get("draft_prior")
+    return None if rows is None else DraftStats.from_table(rows)
 
 
 def chosen_label(record: dict) -> str:

@@ -222,9 +222,19 @@ class AutoDecoder(CoreDecoder):
                              f"{params.calibration_items} and {params.calibration_tokens}")
         self.config = None
         self.record: dict | None = None
+        self.prior = None                # the calibration survey's draft acceptance (DraftStats)
 
     def tag(self) -> str:
         return self.name
+
+    def generate(self, job, ids, state, limits, sampling) -> Generation:
+        """A conversation's first turn starts from the calibration's measured draft acceptance;
+        later turns carry their own on (``DecodeState.drafts``)."""
+        if state is None and self.prior is not None:
+            from lookahead_core import DecodeState
+
+            state = DecodeState(cache=None, cached_tokens=[], drafts=self.prior)
+        return super().generate(job, ids, state, limits, sampling)
 
     def prepare(self, job) -> None:
         from . import autotune
@@ -244,6 +254,7 @@ class AutoDecoder(CoreDecoder):
             self.record = autotune.calibrate_batch(job.lm, prompts, limits, path, self.record, batch,
                                                    sampling=sampling)
         self.config = autotune.chosen_config(self.record, seed=self.seed)
+        self.prior = autotune.draft_prior(self.record)
         print(f"{self.name}: the cost model chose {autotune.chosen_label(self.record)}"
               + (f" for batches of {batch}" if batch > 1 else "") + f" (calibration record: {path})")
 

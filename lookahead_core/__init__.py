@@ -14,6 +14,7 @@ departure from greedy caused by a near-tie in fp16/bf16 numerics from a real mis
 
 from .config import DecodeLimits, LookaheadConfig, SamplingConfig
 from .decoder import DecodeOutput, DecodeState, DecodeStats, decode, decode_batch
+from .drafts import DraftStats
 from .numerics import LOGIT_TOLERANCE, Divergence, divergence
 from .model_io import CausalLM
 from .pool import NGramPool
@@ -26,6 +27,7 @@ __all__ = [
     "DecodeState",
     "DecodeStats",
     "Divergence",
+    "DraftStats",
     "LOGIT_TOLERANCE",
     "LookaheadConfig",
     "NGramPool",

@@ -36,6 +36,7 @@ import torch
 
 from .config import DecodeLimits, LookaheadConfig, SamplingConfig
 from .decoder import DecodeState, DecodeStats, decode
+from .drafts import DraftStats
 from .layout import causal_layout, step_layout
 from .model_io import CausalLM, Feed, truncate_kv
 
@@ -354,8 +355,9 @@ class Calibration:
     """One config's calibration on the prompts: its per-step record and what it predicts."""
 
     config: LookaheadConfig | None
-    status: str                           # "calibrated", "screened" (short run only, not a finalist)
-                                          # or "pruned" (its upper bound could not win)
+    status: str                           # "calibrated", "screened" (short run only, not a finalist),
+                                          # "pruned" (its upper bound could not win) or "survey"
+                                          # (measures acceptance for cost-aware trees; never picked)
     upper_bound: float                    # speedup if every step accepted N tokens
     steps: int = 0
     accepted: int = 0                     # tokens committed by the decode steps
@@ -364,6 +366,7 @@ class Calibration:
     decode_seconds: float = 0.0
     predicted: float | None = None        # speedup over greedy from the cost model
     measured: float | None = None         # speedup measured on the calibration itself (noisy)
+    drafts: DraftStats | None = field(default=None, repr=False)   # acceptance per (tag, depth)
 
     @property
     def compression(self) -> float | None:
@@ -395,6 +398,7 @@ class ChoiceReport:
     calibration_prompts: int = 0
     calibration_tokens: int = 0
     seconds: float = 0.0
+    drafts: DraftStats | None = None      # the survey's acceptance: the prior of cost-aware decodes
 
     def rows(self) -> list[dict]:
         return [c.row() for c in self.candidates]
@@ -447,7 +451,7 @@ def prefilled(model, prompts: Sequence[list[int]]) -> list[DecodeState]:
 def _run_prompts(model, prompts, config, limits, sampling=None,
                  states: Sequence[DecodeState] | None = None) -> tuple[DecodeStats, float]:
     """Decode every prompt (from a copy of its ``prefilled`` state, if given); returns the merged
-    per-step record and the wall seconds of the loops."""
+    per-step record (draft acceptance included) and the wall seconds of the loops."""
     merged = DecodeStats()
     for i, prompt in enumerate(prompts):
         state = states[i].copy() if states is not None else None
@@ -457,7 +461,26 @@ def _run_prompts(model, prompts, config, limits, sampling=None,
         merged.accepted += stats.accepted
         merged.decode_seconds += stats.decode_seconds
         merged.model_seconds += stats.model_seconds
+        merged.drafts.merge(stats.drafts)
     return merged, merged.decode_seconds
+
+
+def survey_config(grid: Sequence[LookaheadConfig]) -> LookaheadConfig | None:
+    """One tree that drafts from every source the grid's cost-aware trees use, as deep and as wide
+    as the widest of them, fed up to their largest budget without step costs, so that every
+    (tag, depth) those trees can cut by gets measured; ``None`` if the grid has no cost-aware tree.
+
+    >>> deep = LookaheadConfig(window=1, ngram=4, guess=0, pool_only=True, tree=True, suffix=1, depth=16,
+    ...                        budget=17, step_costs=(1.0,) * 17)
+    >>> wide = replace(tree_config(8), step_costs=(1.0,) * 8)            # pool G4, 4 suffix, recycle 4, 6 deep
+    >>> config_label(survey_config([deep, wide, tree_config(64)]))      # the k64 tree has no step costs
+    'pool_N4G4_tree_sfx4_rc4_d16_k17'
+    """
+    trees = [c for c in grid if c.step_costs]
+    if not trees:
+        return None
+    widest = {name: max(getattr(c, name) for c in trees) for name in ("ngram", "guess", "suffix", "recycle", "budget")}
+    return LookaheadConfig(window=1, pool_only=True, tree=True, depth=max(c.draft_depth for c in trees), **widest)
 
 
 def choose_config(
@@ -496,7 +519,12 @@ def choose_config(
 
     With ``cost_aware``, every token tree with a budget gets this device's ``step_costs`` (after
     step 2, so they include greedy's host time): each of its steps then feeds only the nodes that
-    pay for themselves, from none up to the budget (``drafts.best_size``).
+    pay for themselves, from none up to the budget (``drafts.best_size``), judged by acceptance
+    rates measured first: a survey (:func:`survey_config`, fed without step costs) decodes every
+    calibration prompt, and its per-(tag, depth) acceptance is the prior of every cost-aware
+    decode after it (``DecodeState.drafts``), the calibration's and, via ``ChoiceReport.drafts``,
+    the evaluated ones'. Without it a step cuts by guesses, and what a guess undervalues is never
+    fed, so never measured.
 
     S grows with the length of the text (the pool fills up), so S from short calibrations is a
     slight underestimate for long generations. With ``sampling``, every calibration decode samples
@@ -525,9 +553,11 @@ def choose_config(
     greedy_per_token = greedy_seconds / max(sum(greedy_stats.accepted), 1)
     greedy = Calibration(None, "calibrated", 1.0, greedy_stats.steps, sum(greedy_stats.accepted),
                          1.0, greedy_host, greedy_seconds, 1.0, 1.0)
+    learnt = survey = None
     if cost_aware:
         grid = [cost_model.cost_aware(c) for c in grid]
         always_calibrate = [cost_model.cost_aware(c) for c in always_calibrate]
+        survey = survey_config(list(grid) + list(always_calibrate))
 
     def calibrate(config: LookaheadConfig, run_limits: DecodeLimits, status: str, bound: float) -> Calibration:
         say(f"{status.replace('calibrated', 'calibrating')} {config_label(config)}")
@@ -538,11 +568,15 @@ def choose_config(
         return Calibration(
             config, status, bound, stats.steps, sum(stats.accepted),
             statistics.fmean(stats.step_tokens) if stats.step_tokens else 0.0, host, seconds,
-            predicted, greedy_per_token / per_token if per_token else None,
+            predicted, greedy_per_token / per_token if per_token else None, stats.drafts,
         )
 
     ranked = sorted(grid, key=lambda c: -upper_bound(cost_model, c))
     results = [greedy]
+    if cost_aware and survey is not None:
+        results.append(calibrate(survey, limits, "survey", upper_bound(cost_model, survey)))
+        learnt = results[-1].drafts
+        states = [replace(state, drafts=learnt) for state in states]     # every decode below starts from it
     best = max(1.0, min_speedup)
     screening = screen_tokens is not None and screen_tokens < limits.max_new_tokens
     first_limits = replace(limits, max_new_tokens=screen_tokens) if screening else limits
@@ -561,7 +595,7 @@ def choose_config(
     winner = max((c for c in results if c.status == "calibrated"), key=lambda c: c.predicted)
     chosen = winner.config if winner.config is not None and winner.predicted > min_speedup else None
     report = ChoiceReport(cost_model, chosen, results, len(calibration_prompts), limits.max_new_tokens,
-                          time.perf_counter() - started)
+                          time.perf_counter() - started, learnt)
     return chosen, report
 
 

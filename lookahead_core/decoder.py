@@ -61,7 +61,10 @@ class DecodeStats:
 
 @dataclass
 class DecodeState:
-    """A conversation in progress: KV of ``cached_tokens`` and, optionally, the n-gram pool.
+    """A conversation in progress: KV of ``cached_tokens`` and, optionally, the n-gram pool and the
+    draft acceptance measured so far (``drafts``: the next decode's ``DraftStats.prior``, so its
+    token tree is cut by measured rates from its first step; a decode with ``keep_pool`` returns
+    the prior's counts plus its own).
 
     ``decode`` takes the state over: it crops and extends the cache and grows the pool in place.
     To decode twice from the same state (repeated timings), pass ``state.copy()``.
@@ -70,6 +73,7 @@ class DecodeState:
     cache: object | None
     cached_tokens: list[int]
     pool: NGramPool | None = None
+    drafts: DraftStats | None = None
 
     @classmethod
     def with_pool(cls, pool: NGramPool) -> "DecodeState":
@@ -192,6 +196,7 @@ def _run(model, prompts: list[list[int]], lookahead: LookaheadConfig | None, lim
                                len(seq.prompt))
         if lookahead is not None:
             seq.proposer = Proposer.from_config(lookahead, seq.tokens, seq.pool, seq.prompt)
+            seq.stats.drafts.prior = state.drafts if state is not None else None
             seq.proposer.stats = seq.stats.drafts
     outputs: dict[int, DecodeOutput] = {}
     live = list(range(len(seqs)))                     # cache row r holds sequence live[r]
@@ -205,7 +210,7 @@ def _run(model, prompts: list[list[int]], lookahead: LookaheadConfig | None, lim
             seq.stats.new_tokens = seq.progress.count
             keep_pool = lookahead is not None and lookahead.keep_pool
             out_state = DecodeState(sequence_cache(cache, r, seq.committed), seq.tokens[:-1],
-                                    seq.pool if keep_pool else None)
+                                    seq.pool if keep_pool else None, seq.stats.drafts.learnt() if keep_pool else None)
             outputs[live[r]] = DecodeOutput(seq.tokens[len(seq.prompt):], seq.stats, out_state)
         if done and len(done) < len(live):
             rest = [r for r in range(len(live)) if r not in done]

@@ -231,25 +231,41 @@ def base_source(tag: str) -> str:
 class DraftStats:
     """Per (tag, depth): nodes fed, nodes tried (their parent was accepted, so the walk looked at
     them) and nodes accepted. ``rate`` = accepted / tried, smoothed toward a prior worth
-    ``PRIOR_TRIES`` tries: a coin flip at depth 1, and deeper the same tag's rate one level up.
+    ``PRIOR_TRIES`` tries: the ``prior``'s rate where it has tried the (tag, depth), else a coin
+    flip at depth 1 and deeper the same tag's rate one level up.
 
-    The deeper prior is what lets a budget that feeds only the nodes that pay (``step_costs``) find
-    out that a copy goes on: with a flat prior an unseen depth-9 node would score 0.5 ** 9 and never
-    be fed, so its rate would never be measured. Measured acceptance given the parent rises with
-    depth (suffix drafts on CNN/DM: 0.34, 0.83, 0.90, 0.96, 0.99), so the level above is a cautious
-    guess."""
+    ``prior``: what other decodes measured (``decoding=auto``'s calibration, a conversation's earlier
+    turns; ``DecodeState.drafts``). Without it a decode starts from the guesses, and a budget that
+    feeds only the nodes that pay (``step_costs``) may never feed, so never measure, a node the
+    guesses undervalue: on a device where a 4-token step costs 1.9 single steps, one suffix match
+    scored 0.5, 0.25, 0.125 never pays, though copies are accepted at 0.8-1.0 given the parent
+    beyond depth 1. The level-above guess is what lets an unseen depth-9 node score more than
+    0.5 ** 9 (measured acceptance given the parent rises with depth: suffix drafts on CNN/DM 0.34,
+    0.83, 0.90, 0.96, 0.99, so the level above is a cautious guess)."""
 
     fed: Counter = field(default_factory=Counter)
     tried: Counter = field(default_factory=Counter)
     accepted: Counter = field(default_factory=Counter)
+    prior: DraftStats | None = field(default=None, repr=False, compare=False)
     _rates: dict = field(default_factory=dict, repr=False, compare=False)
 
     def rate(self, tag: str, depth: int) -> float:
         key = (tag, depth)
         if key not in self._rates:
-            prior = 0.5 if depth <= 1 else self.rate(tag, depth - 1)
+            if self.prior is not None and self.prior.tried[key]:
+                prior = self.prior.rate(tag, depth)
+            else:
+                prior = 0.5 if depth <= 1 else self.rate(tag, depth - 1)
             self._rates[key] = (self.accepted[key] + PRIOR_TRIES * prior) / (self.tried[key] + PRIOR_TRIES)
         return self._rates[key]
+
+    def learnt(self) -> DraftStats:
+        """The prior's counts plus these, as one prior for the next decode (no prior of its own)."""
+        out = DraftStats()
+        if self.prior is not None:
+            out.merge(self.prior)
+        out.merge(self)
+        return out
 
     def record(self, tree: DraftTree, path: Sequence[int]) -> None:
         on_path = set(path)
@@ -276,6 +292,15 @@ class DraftStats:
         return [{"source": s, "depth": d, "fed": c["fed"], "tried": c["tried"], "accepted": c["accepted"],
                  "acceptance": c["accepted"] / c["tried"] if c["tried"] else None}
                 for (s, d), c in sorted(rows.items())]
+
+    @classmethod
+    def from_table(cls, rows: Sequence[dict]) -> DraftStats:
+        """The counts of ``table(by_source=False)``'s rows (e.g. saved in a calibration record)."""
+        stats = cls()
+        for row in rows:
+            key = (row["source"], int(row["depth"]))
+            stats.fed[key], stats.tried[key], stats.accepted[key] = (int(row[k]) for k in ("fed", "tried", "accepted"))
+        return stats
 
 
 class Proposer:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections import Counter
 
 import pytest
 import torch
@@ -204,7 +205,41 @@ def test_cost_aware_trees_get_this_devices_step_costs(tiny):
     assert cost.cost_aware(EXAMPLE) is EXAMPLE                              # linear branches: unchanged
     chosen, report = choose_config(tiny, repetitive_prompts(tiny.config.vocab_size), DecodeLimits(16),
                                    grid=[tree], cost_model=cost, cost_aware=True, prune=False)
-    assert [c.config.step_costs != () for c in report.candidates if c.config is not None] == [True]
+    assert [(c.status, c.config.step_costs != ()) for c in report.candidates if c.config is not None] == [
+        ("survey", False), ("calibrated", True)]                           # the survey is never a pick
+
+
+def test_cost_aware_calibration_surveys_acceptance_first_and_cuts_every_tree_by_it(tiny, monkeypatch):
+    """A cost-aware step cuts by acceptance estimates; the survey measures them before any cut, and
+    every cost-aware decode after it (the calibration's here, the evaluated ones via
+    ``report.drafts``) starts from them instead of guesses."""
+    import lookahead_core.cost_model as cm
+
+    calls = []
+
+    def spy(model, prompt, config, limits, sampling=None, *, state=None):
+        out = decode(model, prompt, config, limits, sampling, state=state)
+        calls.append((config, None if state is None else state.drafts, out.stats.drafts))
+        return out
+
+    monkeypatch.setattr(cm, "decode", spy)
+    cost = CostModel(tokens=(1, 2, 16), seconds=(1.0, 1.9, 2.2))
+    deep = LookaheadConfig(ngram=4, guess=0, pool_only=True, tree=True, suffix=1, depth=12, budget=13)
+    wide = LookaheadConfig(ngram=3, guess=2, pool_only=True, tree=True, suffix=2, recycle=2, depth=4, budget=8)
+    prompts = repetitive_prompts(tiny.config.vocab_size)
+    _, report = choose_config(tiny, prompts, DecodeLimits(16), grid=[deep, wide], cost_model=cost,
+                              cost_aware=True, prune=False)
+    surveys = [c for c in calls if c[0] is not None and not c[0].step_costs]
+    assert [config_label(c[0]) for c in surveys] == ["pool_N4G2_tree_sfx2_rc2_d12_k13"] * len(prompts)
+    assert all(prior is None for _, prior, _ in surveys)                  # the survey itself starts cold
+    assert report.drafts.tried == sum((s[2].tried for s in surveys), Counter())
+    assert [c.status for c in report.candidates if c.drafts is report.drafts] == ["survey"]
+    assert sum(report.drafts.tried.values()) > 0
+    aware = [c for c in calls if c[0] is not None and c[0].step_costs]
+    assert len(aware) == 2 * len(prompts) and all(prior == report.drafts for _, prior, _ in aware)
+    assert calls.index(surveys[-1]) < calls.index(aware[0])
+    plain, plain_report = choose_config(tiny, prompts, DecodeLimits(16), grid=[deep], cost_model=cost, prune=False)
+    assert plain_report.drafts is None                                    # no cost-aware tree, no survey
 
 
 def test_calibration_prefills_each_prompt_once_and_decodes_as_a_fresh_prefill_would(tiny):

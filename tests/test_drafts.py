@@ -104,6 +104,42 @@ def test_an_unseen_depth_takes_the_rate_one_level_up_so_a_cost_aware_budget_reac
     assert best_size(Proposer([], merge=True, stats=stats).scores(deep), costs, rows=1, room=9) < 9
 
 
+def test_a_learnt_prior_takes_over_where_it_has_tried_and_the_guesses_elsewhere():
+    learnt = DraftStats()
+    copy = build_tree([Draft((1, 2, 3), ("suffix:8",) * 3)])
+    for _ in range(18):
+        learnt.record(copy, [0, 1, 2])                      # 3-deep copies, always accepted
+    learnt.record(copy, [])                                 # and one rejected at depth 1
+    stats = DraftStats(prior=learnt)
+    assert stats.rate("suffix:8", 1) == learnt.rate("suffix:8", 1) == (18 + 1.0) / 21
+    assert stats.rate("suffix:8", 3) == learnt.rate("suffix:8", 3) == (18 + 2 * learnt.rate("suffix:8", 2)) / 20
+    assert stats.rate("suffix:8", 5) == stats.rate("suffix:8", 3)      # never tried that deep: the level above
+    assert stats.rate("pool", 1) == 0.5 and stats.rate("pool", 2) == 0.5    # nothing learnt: coin flips
+    stats.record(build_tree([Draft((4,), ("suffix:8",))]), [])          # this decode's own tries count on top
+    assert stats.rate("suffix:8", 1) == (0 + 2 * learnt.rate("suffix:8", 1)) / (1 + 2)
+    both = stats.learnt()                                               # the next decode's prior
+    assert both.tried[("suffix:8", 1)] == 19 + 1 and both.accepted[("suffix:8", 3)] == 18 and both.prior is None
+    assert DraftStats.from_table(both.table(by_source=False)) == both   # a record's round trip
+
+
+def test_a_learnt_prior_lets_a_cost_aware_step_feed_a_copy_its_guesses_undervalue():
+    """The Qwen2.5-Coder CNN/DM calibration (results/benchmark/trees, auto4): one suffix match 16
+    deep, a 4-token step costing 1.91 single steps and 2- and 3-token steps 2.27 and 3.01. Cut by
+    the guesses (0.5, 0.25, 0.125, ...) no size pays, so the step stays greedy and never measures
+    the copies it skips; with rates learnt elsewhere (given the parent: 0.41 at depth 1, then
+    0.82-1.0) the whole copy pays."""
+    context = [7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 3, 7]
+    costs = (1.0, 2.27, 3.01, 1.91, 2.0, 2.07, 2.2, 2.33, 2.4, 2.5, 2.55, 2.6, 2.7, 2.8, 2.85, 2.9, 2.95)
+    cold = Proposer([SuffixSource(1, 16, context)], merge=True, budget=17, step_costs=costs)
+    assert len(cold.propose(context, window_rows=1)) == 0
+    learnt = DraftStats()
+    for tries, accepted, depth in ((100, 41, 1), (41, 34, 2), (34, 31, 3)) + tuple((31, 30, d) for d in range(4, 17)):
+        learnt.tried["suffix:1", depth], learnt.accepted["suffix:1", depth] = tries, accepted
+    warm = Proposer([SuffixSource(1, 16, context)], merge=True, budget=17, step_costs=costs,
+                    stats=DraftStats(prior=learnt))
+    assert warm.propose(context, window_rows=1).tokens == tuple(context[1:17])
+
+
 def test_proposer_keeps_the_most_likely_nodes_within_the_budget():
     class Fixed:
         topk = 0

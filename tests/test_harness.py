@@ -196,6 +196,48 @@ def test_auto_picks_for_the_batch_size_and_decodes_with_its_pick(tmp_path: Path)
     assert len(decoded) == 2 and all(json.loads(params) == batch["chosen_config"] for params in decoded)
 
 
+def test_cost_aware_auto_decodes_from_its_calibrations_measured_acceptance(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The survey's acceptance is saved in the record; every first turn of ``auto`` starts from it,
+    a second turn from the first turn's state (the prior's counts plus the turn's), and a resumed
+    run reloads it from the record."""
+    import lookahead_core
+    from lookahead_core import DraftStats, cost_model
+
+    real = lookahead_core.decode
+    priors: list = []
+
+    def spy(model, ids, config=None, limits=None, sampling=None, *, state=None, **kwargs):
+        if config is not None and config.step_costs:
+            priors.append((bool(state.cached_tokens), state.drafts))
+        return real(model, ids, config, limits, sampling, state=state, **kwargs)
+
+    monkeypatch.setattr(lookahead_core, "decode", spy)
+    grid = [lookahead_core.LookaheadConfig(ngram=4, guess=0, pool_only=True, tree=True, suffix=2, depth=6, budget=7)]
+    choose = cost_model.choose_config
+
+    def forced(model, prompts, limits, _grid=None, **kwargs):   # the tree, even where greedy would win
+        _, report = choose(model, prompts, limits, grid, **kwargs)
+        report.chosen = next(c.config for c in report.candidates if c.config is not None and c.status == "calibrated")
+        return report.chosen, report
+
+    monkeypatch.setattr(cost_model, "choose_config", forced)
+    overrides = ["experiment=mtbench", "dataset.limit=2", "dataset.turns=2", "experiment.max_new_tokens=12",
+                 "decoding=auto", "decoding.cost_aware=true", "decoding.calibration_items=1",
+                 "decoding.calibration_tokens=8"]
+    path = run(tmp_path, *overrides, base=TINY_MODEL)
+    record = json.loads(path.with_suffix(".auto.json").read_text())
+    prior = DraftStats.from_table(record["draft_prior"])
+    assert sum(prior.tried.values()) > 0 and record["chosen_config"]["step_costs"]
+    first = [drafts for later, drafts in priors if not later]
+    second = [drafts for later, drafts in priors if later]
+    assert len(first) == len(second) == 2 and all(d == prior for d in first)
+    assert all(d.tried - prior.tried and not prior.tried - d.tried for d in second)   # prior + turn 1
+    priors.clear()
+    assert run(tmp_path, *overrides[:1], "dataset.limit=3", *overrides[2:], base=TINY_MODEL) == path
+    assert [d == prior for later, d in priors if not later] == [True]                # the resumed item
+
+
 def test_a_batched_run_resumes_redoing_only_unfinished_batches_and_writing_only_missing_rows(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     real_run_batch = runner.run_batch

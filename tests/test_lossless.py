@@ -85,6 +85,36 @@ def test_tree_grid_equals_greedy(arch_model):
     assert accepted_deep, "no tree ever accepted two draft tokens in a step: the test is too weak"
 
 
+def test_trees_cut_by_a_learnt_prior_equal_greedy_and_hand_it_on(arch_model):
+    """``DecodeState.drafts`` (what auto's calibration survey measured) only changes which nodes a
+    step feeds: measured, misleadingly optimistic (every node accepted) or pessimistic (none), the
+    tokens equal greedy, and the returned state's acceptance is the prior's counts plus the decode's."""
+    from lookahead_core import DraftStats
+
+    arch, model = arch_model
+    prompt = repetitive_prompt(model.config.vocab_size)
+    reference = greedy(model, prompt)
+    limits = DecodeLimits(max_new_tokens=NEW)
+    survey = decode(model, prompt[:12], TREE_GRID[1], limits)            # any decode's measured acceptance
+    measured = survey.state.drafts
+    assert measured == survey.stats.drafts and sum(measured.tried.values()) > 0
+    keys = {(f"suffix:{b}", d) for b in (1, 2, 3, 4, 8, 16) for d in range(1, 11)} | {
+        (tag, d) for tag in ("pool", "jacobi", "recycle:0", "recycle:1", "recycle:2", "recycle:3") for d in range(1, 11)}
+    optimist, pessimist = DraftStats(), DraftStats()
+    for key in keys:
+        optimist.tried[key] = optimist.accepted[key] = pessimist.tried[key] = 50
+        pessimist.accepted[key] = 0
+    fed = {}
+    for name, prior in (("measured", measured), ("optimist", optimist), ("pessimist", pessimist)):
+        for config in TREE_GRID[-2:] + TREE_GRID[8:10]:                   # cost-aware and budget-cut trees
+            out = decode(model, prompt, config, limits, state=DecodeState(None, [], drafts=prior))
+            assert out.tokens == reference, f"{arch} {name} {config}"
+            assert out.state.drafts.tried == prior.tried + out.stats.drafts.tried
+            fed[name, config] = sum(out.stats.step_tokens)
+    aware = TREE_GRID[-2]
+    assert fed["optimist", aware] > fed["pessimist", aware], "the prior never changed what a step fed"
+
+
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
 def test_eager_attention_equals_greedy(arch):
     model = tiny_random_model(arch, seed=2, attn_implementation="eager")

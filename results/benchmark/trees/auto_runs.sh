@@ -11,15 +11,18 @@
 # from commit "auto4": suffix drafts tagged by their measured match length, an unseen depth's
 # acceptance guessed from the level above, 16-deep suffix trees in the grid, each calibration
 # prompt prefilled once, and calibration decodes as long as the evaluated ones (128 tokens;
-# CALIBRATION_TOKENS overrides)).
+# CALIBRATION_TOKENS overrides); auto5: auto4 from commit "auto5": the calibration first surveys
+# draft acceptance per (tag, depth) with one wide tree, and every cost-aware decode, calibration
+# and evaluated, cuts its steps by those measured rates instead of guesses).
 # Then: python -m experiments.benchmark collect results/benchmark/trees
 set -u
 only=" $* "
 prefix=${PREFIX:-auto}
 calibration=${CALIBRATION_PROMPTS:-$([ "$prefix" = auto ] && echo 2 || echo 3)}
 models=${MODELS:-smollm2_135m qwen25_coder_05b}
-tokens=${CALIBRATION_TOKENS:-$([ "$prefix" = auto4 ] && echo 128 || echo 64)}
-aware=(); [ -n "${COST_AWARE:-}" ] || [ "$prefix" = auto4 ] && aware=(--cost-aware)
+late=$([ "$prefix" = auto4 ] || [ "$prefix" = auto5 ] && echo 1)
+tokens=${CALIBRATION_TOKENS:-$([ -n "$late" ] && echo 128 || echo 64)}
+aware=(); [ -n "${COST_AWARE:-}" ] || [ -n "$late" ] && aware=(--cost-aware)
 cd "$(dirname "$0")/../../.."
 common=(--max-new-tokens 128 --configs --pool-only 3,1 --prompt-lookup 3 10 --auto --calibration-prompts $calibration --calibration-tokens $tokens --threads 1)
 # experiment and its --every (evenly spaced items; MT-Bench: 8 categories of 10)
