@@ -398,7 +398,11 @@ class ChoiceReport:
     calibration_prompts: int = 0
     calibration_tokens: int = 0
     seconds: float = 0.0
-    drafts: DraftStats | None = None      # the survey's acceptance: the prior of cost-aware decodes
+
+    @property
+    def drafts(self) -> DraftStats | None:
+        """The survey's acceptance per (tag, depth): the prior of cost-aware decodes (``None``: no survey)."""
+        return next((c.drafts for c in self.candidates if c.status == "survey"), None)
 
     def rows(self) -> list[dict]:
         return [c.row() for c in self.candidates]
@@ -553,7 +557,7 @@ def choose_config(
     greedy_per_token = greedy_seconds / max(sum(greedy_stats.accepted), 1)
     greedy = Calibration(None, "calibrated", 1.0, greedy_stats.steps, sum(greedy_stats.accepted),
                          1.0, greedy_host, greedy_seconds, 1.0, 1.0)
-    learnt = survey = None
+    survey = None
     if cost_aware:
         grid = [cost_model.cost_aware(c) for c in grid]
         always_calibrate = [cost_model.cost_aware(c) for c in always_calibrate]
@@ -573,10 +577,9 @@ def choose_config(
 
     ranked = sorted(grid, key=lambda c: -upper_bound(cost_model, c))
     results = [greedy]
-    if cost_aware and survey is not None:
+    if survey is not None:
         results.append(calibrate(survey, limits, "survey", upper_bound(cost_model, survey)))
-        learnt = results[-1].drafts
-        states = [replace(state, drafts=learnt) for state in states]     # every decode below starts from it
+        states = [replace(state, drafts=results[-1].drafts) for state in states]   # every decode below starts from it
     best = max(1.0, min_speedup)
     screening = screen_tokens is not None and screen_tokens < limits.max_new_tokens
     first_limits = replace(limits, max_new_tokens=screen_tokens) if screening else limits
@@ -595,7 +598,7 @@ def choose_config(
     winner = max((c for c in results if c.status == "calibrated"), key=lambda c: c.predicted)
     chosen = winner.config if winner.config is not None and winner.predicted > min_speedup else None
     report = ChoiceReport(cost_model, chosen, results, len(calibration_prompts), limits.max_new_tokens,
-                          time.perf_counter() - started, learnt)
+                          time.perf_counter() - started)
     return chosen, report
 
 
