@@ -525,37 +525,41 @@ def linear_twin(config: LookaheadConfig) -> LookaheadConfig:
 
 
 def tree_vs_linear(runs: Sequence[tuple[str, pd.DataFrame, pd.DataFrame]]) -> pd.DataFrame:
-    """Every token-tree decoder with a window beside the linear-branch decoder of the same (N, W, G)
-    and prompt pool, on the same prompts: S, tokens fed per step, and the goal (S at least 15%
-    higher while feeding no more tokens per step).
+    """Every token-tree decoder with a window, of every run folder, beside the linear-branch decoder
+    of the same (N, W, G) and prompt pool on the same prompts: S, tokens fed per step, and the goal
+    (S at least 15% higher while feeding no more tokens per step); ``commit``: the code the tree's
+    rows were decoded with.
 
-    The twin may sit in another run folder (``load_runs``) of the same model, dataset and items (S
-    and tokens fed are deterministic under greedy decoding; each speedup is against its own
-    folder's HF greedy)."""
-    groups: dict[tuple, dict[str, tuple[str, Any, pd.Series]]] = {}
+    The twin is taken from the tree's own run folder where it has one, else from another folder
+    (``load_runs``) of the same model, dataset and items (S and tokens fed are deterministic under
+    greedy decoding; each speedup is against its own folder's HF greedy)."""
+    groups: dict[tuple, dict[tuple[str, str], tuple[Any, pd.Series, str]]] = {}
     for run_name, df, table in runs:
         key = (df["model"].iloc[0], df["dataset"].iloc[0], tuple(sorted(df["item_id"].astype(str).unique())))
         decoders = groups.setdefault(key, {})
         for name in table.index:
-            config = _config_from_row(df[df["decoder"] == name].iloc[0])
+            rows = df[df["decoder"] == name]
+            config = _config_from_row(rows.iloc[0])
             if config is not None:
-                decoders.setdefault(name, (run_name, config, table.loc[name]))
+                commit = "+".join(dict.fromkeys(rows["git_commit"].astype(str))) if "git_commit" in rows else ""
+                decoders[(run_name, name)] = (config, table.loc[name], commit)
     rows = []
     for (model, dataset, _), decoders in groups.items():
-        for name, (tree_run, config, tree) in decoders.items():
+        for (tree_run, name), (config, tree, commit) in decoders.items():
             if not config.tree or config.pool_only:
                 continue
             linear = linear_twin(config)
-            match = [(n, run, row) for n, (run, c, row) in decoders.items() if c == linear]
-            if not match:
+            twins = sorted((run != tree_run, run, n) for (run, n), (c, _, _) in decoders.items() if c == linear)
+            if not twins:
                 continue
-            lin_name, lin_run, lin = match[0]
+            _, lin_run, lin_name = twins[0]
+            lin = decoders[(lin_run, lin_name)][1]
             row = {"model": model, "dataset": dataset, "prompts": int(tree["prompts"]),
                    "linear": lin_name, "tree": name, "S_linear": lin["S"], "S_tree": tree["S"],
                    "S_ratio": tree["S"] / lin["S"], "fed_linear": lin["tokens_per_step"],
                    "fed_tree": tree["tokens_per_step"], "speedup_linear": lin["speedup_sum"],
                    "speedup_tree": tree["speedup_sum"], "match_hf_greedy": tree["match_hf_greedy"],
-                   "linear_run": lin_run, "tree_run": tree_run}
+                   "linear_run": lin_run, "tree_run": tree_run, "commit": commit}
             row["goal_S_15pct_no_more_fed"] = row["S_ratio"] >= TREE_S_GOAL and row["fed_tree"] <= row["fed_linear"]
             rows.append(row)
     return pd.DataFrame(rows)

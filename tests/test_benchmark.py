@@ -255,8 +255,11 @@ def test_tree_configs_and_spread_items(tmp_path: Path):
     (tmp_path / "linear_only").mkdir()
     (tmp_path / "linear_only.csv").rename(tmp_path / "linear_only" / "rows.csv")
     split = benchmark.tree_vs_linear(benchmark.load_runs(tmp_path)).set_index("tree_run")
-    assert split.loc["tree_only", "linear_run"] in ("linear_only", "trees")
+    assert sorted(split.index) == ["tree_only", "trees"]                  # the same tree in two folders: both rows
+    assert split.loc["trees", "linear_run"] == "trees"                    # its own folder's twin first
+    assert split.loc["tree_only", "linear_run"] == "linear_only"          # else another folder's
     assert split.loc["tree_only", "S_ratio"] == pytest.approx(pairs["S_ratio"].iloc[0])
+    assert split["commit"].tolist() == [runner.git_commit(runner.repo_root())] * 2
     (tmp_path / "tree_only" / "rows.csv").unlink()
     (tmp_path / "linear_only" / "rows.csv").unlink()
     assert benchmark.draft_acceptance(df)["tried"].sum() > 0
