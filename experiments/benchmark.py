@@ -541,7 +541,7 @@ def tree_vs_linear(runs: Sequence[tuple[str, pd.DataFrame, pd.DataFrame]]) -> pd
             rows = df[df["decoder"] == name]
             config = _config_from_row(rows.iloc[0])
             if config is not None:
-                commit = "+".join(dict.fromkeys(rows["git_commit"].astype(str))) if "git_commit" in rows else ""
+                commit = "+".join(dict.fromkeys(c for c in rows.get("git_commit", pd.Series(dtype=object)).fillna("").astype(str) if c))
                 decoders[(run_name, name)] = (config, table.loc[name], commit)
     rows = []
     for (model, dataset, _), decoders in groups.items():

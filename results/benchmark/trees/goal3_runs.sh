@@ -11,7 +11,7 @@
 set -u
 prefix=${PREFIX:-goal3}
 cd "$(dirname "$0")/../../.."
-tree() { echo "ngram=5,window=$1,guess=$1,prompt_pool=1,tree=1,suffix=4,recycle=4,depth=6,budget=$2$3"; }
+tree() { echo "ngram=5,window=$1,guess=$1,prompt_pool=1,tree=1,suffix=4,recycle=4,depth=6,budget=$2${3:-}"; }
 for entry in "humaneval 8" "mtbench 4"; do
     set -- $entry
     nice -n ${NICE:-5} python -m experiments.benchmark run --model smollm2_135m --dataset "$1" --limit 20 --every "$2" \
