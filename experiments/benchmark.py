@@ -362,7 +362,9 @@ def predicted_vs_measured(df: pd.DataFrame, calibration: dict) -> pd.DataFrame:
 
     The second prediction asks whether the cost model, had it seen these prompts' S, ranks the
     configs as they measured; it uses the config's host time per step from the calibration, or
-    greedy's where the calibration did not run the config."""
+    greedy's where the calibration did not run the config. ``best_cut`` prices the same steps as
+    if each had fed only the tokens it committed (``CostModel.best_cut``): what the config's drafts
+    are worth on this device, however well a step were cut."""
     candidates = {row["decoder"]: row for row in calibration["candidates"] if row.get("S") is not None
                   and not pd.isna(row["S"])}
     from lookahead_core import cost_model as cm
@@ -383,6 +385,8 @@ def predicted_vs_measured(df: pd.DataFrame, calibration: dict) -> pd.DataFrame:
         for hist in group["step_tokens_hist"].dropna():
             counts.update({int(k): v for k, v in json.loads(hist).items()})
         step_tokens = [k for k, v in counts.items() for _ in range(v)]
+        committed = [int(k) for hist in group["accepted_hist"].dropna()
+                     for k, v in json.loads(hist).items() for _ in range(v)]
         accepted_total = int(group["new_tokens"].sub(1).sum())
         accepted = [accepted_total / len(step_tokens)] * len(step_tokens)
         host = calib["host_ms_per_step"] / 1e3 if calib is not None else greedy_host
@@ -395,6 +399,7 @@ def predicted_vs_measured(df: pd.DataFrame, calibration: dict) -> pd.DataFrame:
             "step_tokens_measured": group["step_tokens_mean"].mean(),
             "predicted_calibration": calib["predicted_speedup"] if calibrated else float("nan"),
             "predicted_oracle_S": cost.predict_steps(config, step_tokens, accepted, host_seconds=host),
+            "best_cut": cost.best_cut(committed, host_seconds=host),
             "measured": paired["decode_s_core"].sum() / paired["decode_s"].sum(),
             "measured_calibration_run": calib["calibration_measured_speedup"] if calibrated else float("nan"),
         })

@@ -225,6 +225,21 @@ class CostModel:
         forward = sum(self.latency(k, logit_rows_for(config, k)) for k in step_tokens)
         return sum(accepted) * self.step_seconds(None) / (forward + host * len(step_tokens))
 
+    def best_cut(self, committed: Sequence[int], host_seconds: float | None = None) -> float:
+        """Speedup over greedy had every step fed only what it committed: its input token and the
+        drafts it accepted, a chain of c tokens for c committed (every row keeps its logits),
+        padded to the cheapest measured size that holds it (the curve need not be monotone). A
+        step commits at most what it feeds, so no cut of the same steps' drafts does better on
+        this device. ``committed``: tokens committed per step (``DecodeStats.accepted``)."""
+        if not committed:
+            return 1.0
+        host = self.host_seconds if host_seconds is None else host_seconds
+
+        def cheapest(c: int) -> float:
+            return min(self.latency(k) for k in (c, *(t for t in self.tokens if t > c)))
+
+        return sum(committed) * self.step_seconds(None) / sum(cheapest(c) + host for c in committed)
+
     def relative(self) -> list[tuple[int, float]]:
         """(tokens, t(k)/t(1)) with every logit kept: the shape of the curve."""
         return [(k, s / self.seconds[0]) for k, s in zip(self.tokens, self.seconds)]

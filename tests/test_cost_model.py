@@ -98,6 +98,20 @@ def test_predict_steps_by_hand():
         cost.predict_steps(EXAMPLE, [1], [1, 2])
 
 
+def test_best_cut_pads_each_step_to_the_cheapest_size_that_holds_it():
+    # t(3) > t(4), as on this project's CPU: a step committing 2 or 3 is priced at t(4)
+    cost = CostModel(tokens=(1, 3, 4, 8), seconds=(1.0, 3.0, 1.6, 2.0))
+    assert cost.best_cut([1, 3, 4, 2]) == pytest.approx(10 / (1.0 + 1.6 + 1.6 + 1.6))
+    # greedy's step carries the curve's host time (0.1), the cut steps the config's own (0.2)
+    with_host = CostModel(tokens=(1, 3, 4, 8), seconds=(1.0, 3.0, 1.6, 2.0), host_seconds=0.1)
+    assert with_host.best_cut([1, 3, 4, 2], host_seconds=0.2) == pytest.approx(10 * 1.1 / (5.8 + 4 * 0.2))
+    assert cost.best_cut([6]) == pytest.approx(6 / 1.8)            # interpolated t(6) < t(8)
+    assert cost.best_cut([1, 1]) == 1.0 and cost.best_cut([]) == 1.0
+    # never above what the steps would cost fed exactly, at every measured size
+    for c in range(1, 9):
+        assert cost.best_cut([c]) >= c / cost.latency(c) - 1e-12
+
+
 def test_upper_bound_by_hand():
     cost = CostModel(tokens=(1, 12), seconds=(1.0, 2.1))
     # best case: each step with one candidate (10 tokens, 1.9 s) commits N = 3 tokens
