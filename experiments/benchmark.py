@@ -381,12 +381,8 @@ def predicted_vs_measured(df: pd.DataFrame, calibration: dict) -> pd.DataFrame:
         calib = candidates.get(label)
         calibrated = calib is not None and calib["status"] == "calibrated"
         config = _config_from_row(group.iloc[0])
-        counts: Counter[int] = Counter()
-        for hist in group["step_tokens_hist"].dropna():
-            counts.update({int(k): v for k, v in json.loads(hist).items()})
-        step_tokens = [k for k, v in counts.items() for _ in range(v)]
-        committed = [int(k) for hist in group["accepted_hist"].dropna()
-                     for k, v in json.loads(hist).items() for _ in range(v)]
+        step_tokens = list(report.histogram(group["step_tokens_hist"]).elements())
+        committed = list(report.histogram(group["accepted_hist"]).elements())
         accepted_total = int(group["new_tokens"].sub(1).sum())
         accepted = [accepted_total / len(step_tokens)] * len(step_tokens)
         host = calib["host_ms_per_step"] / 1e3 if calib is not None else greedy_host
@@ -546,7 +542,7 @@ def tree_vs_linear(runs: Sequence[tuple[str, pd.DataFrame, pd.DataFrame]]) -> pd
             rows = df[df["decoder"] == name]
             config = _config_from_row(rows.iloc[0])
             if config is not None:
-                commit = "+".join(dict.fromkeys(c for c in rows.get("git_commit", pd.Series(dtype=object)).fillna("").astype(str) if c))
+                commit = "+".join(dict.fromkeys(rows["git_commit"].dropna().astype(str))) if "git_commit" in rows else ""
                 decoders[(run_name, name)] = (config, table.loc[name], commit)
     rows = []
     for (model, dataset, _), decoders in groups.items():

@@ -234,6 +234,15 @@ def plot_speedup(table: pd.DataFrame, out_dir: Path) -> Path | None:
     return _save(fig, out_dir / "speedup.png")
 
 
+def histogram(column: pd.Series) -> Counter[int]:
+    """The per-step histograms of a rows column (``accepted_hist``, ``step_tokens_hist``: JSON
+    objects of count by size) summed over its rows; empty cells are skipped."""
+    counts: Counter[int] = Counter()
+    for hist in column.dropna():
+        counts.update({int(k): v for k, v in json.loads(hist).items()})
+    return counts
+
+
 def plot_accepted(df: pd.DataFrame, out_dir: Path) -> Path | None:
     """Share of decoding steps by tokens accepted per step, per experiment x model x decoding config."""
     cand = df[~df["baseline"].fillna(False)]
@@ -242,9 +251,7 @@ def plot_accepted(df: pd.DataFrame, out_dir: Path) -> Path | None:
     cand = cand.assign(label=cand["experiment"] + "/" + cand["model"] + ": " + _labels(cand))
     shares = {}
     for label, group in cand.groupby("label"):
-        counts: Counter[int] = Counter()
-        for hist in group["accepted_hist"].dropna():
-            counts.update({int(k): v for k, v in json.loads(hist).items()})
+        counts = histogram(group["accepted_hist"])
         total = sum(counts.values())
         shares[label] = {k: v / total for k, v in counts.items()} if total else {}
     frame = pd.DataFrame(shares).sort_index().fillna(0.0)

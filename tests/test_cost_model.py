@@ -107,7 +107,7 @@ def test_best_cut_pads_each_step_to_the_cheapest_size_that_holds_it():
     assert with_host.best_cut([1, 3, 4, 2], host_seconds=0.2) == pytest.approx(10 * 1.1 / (5.8 + 4 * 0.2))
     assert cost.best_cut([6]) == pytest.approx(6 / 1.8)            # interpolated t(6) < t(8)
     assert cost.best_cut([1, 1]) == 1.0 and cost.best_cut([]) == 1.0
-    # never above what the steps would cost fed exactly, at every measured size
+    # never below feeding exactly the c committed tokens, at any size
     for c in range(1, 9):
         assert cost.best_cut([c]) >= c / cost.latency(c) - 1e-12
 
