@@ -10,8 +10,8 @@ The config is validated before torch or transformers are imported: a bad overrid
 file or a missing model package fails at once, in one line naming the key. Parallel jobs on one
 machine share its cores and skew speedups: time one job per device.
 
-Config groups live in conf/ and are typed by experiments/schema.py (decoders by their class in
-experiments/decoders.py); results go to results/raw/<experiment>/<model>/<config>-<settings>-s<seed>.csv,
+Config groups live in conf/ and are typed by experiments/config/schema.py (decoders by their class in
+experiments/decoders/registry.py); results go to results/raw/<experiment>/<model>/<config>-<settings>-s<seed>.csv,
 and rerunning a command resumes it.
 """
 
@@ -23,8 +23,10 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
-from experiments.datasets import repo_root
-from experiments.schema import ConfigError, one_line, plan, register_configs
+from experiments.data.datasets import repo_root
+from experiments.config.errors import ConfigError, one_line
+from experiments.config.settings import plan
+from experiments.config.schema import register_configs
 
 register_configs()
 
@@ -51,7 +53,7 @@ def main(cfg: DictConfig) -> None:
         settings, adapter, items = plan(cfg)   # validates, checks packages, reads the data: no torch yet
     except ConfigError as err:
         fail(str(err))
-    from experiments.runner import run_job   # torch and transformers load only now
+    from experiments.job.runner import run_job   # torch and transformers load only now
 
     run_job(settings, adapter, items)
 

@@ -7,7 +7,7 @@
 
 Speedup = S x t_step(greedy) / t_step(W, N, G). S is a property of the model and the text and cannot
 be measured with random weights, so it is read from ``--acceptance``: the rows of
-``experiments.benchmark`` run with a real model on the CPU (lossless decoding gives the same S on
+``experiments.presets.benchmark`` run with a real model on the CPU (lossless decoding gives the same S on
 any device, for that model). The step times are measured here, on random fp16 weights of the real
 shapes, initialised on the device (no download):
 
@@ -19,7 +19,7 @@ shapes, initialised on the device (no download):
    step carries G candidates (random weights accept nothing, so each step commits one token):
    ms per step, and the share spent outside the forward.
 
-With ``--batch-rows`` (``experiments.batch_bench`` rows), also t(B, k) for each ``--batch-sizes`` and
+With ``--batch-rows`` (``experiments.presets.batch`` rows), also t(B, k) for each ``--batch-sizes`` and
 the speedup over batched greedy per (dataset, decoder, B), from each batch's per-sequence step
 records (``cost_model.predict_batch``).
 
@@ -47,7 +47,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lookahead_core import DecodeLimits, DecodeState, LookaheadConfig, NGramPool, decode  # noqa: E402
-from lookahead_core import cost_model as cm  # noqa: E402
+from lookahead_core import cost as cm  # noqa: E402
 from lookahead_core.layout import causal_layout  # noqa: E402
 from lookahead_core.model_io import CausalLM, truncate_kv  # noqa: E402
 
@@ -225,7 +225,7 @@ def project(acceptance: list[dict], events: cm.CostModel, wall: cm.CostModel, lo
 
 
 def read_batch_records(paths: Sequence[str]) -> dict[tuple[str, str, int, int], dict]:
-    """Per (dataset, decoder, B, batch) of ``experiments.batch_bench`` rows: the config and each
+    """Per (dataset, decoder, B, batch) of ``experiments.presets.batch`` rows: the config and each
     sequence's per-step record (tokens fed, tokens committed), as measured with a real model."""
     batches: dict[tuple[str, str, int, int], dict] = {}
     for path in paths:
@@ -278,7 +278,7 @@ def markdown(rows: list[dict], columns: Sequence[str]) -> str:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="folder for the CSVs and summary.md (written as it goes)")
-    parser.add_argument("--acceptance", nargs="*", default=[], help="rows.csv files of experiments.benchmark")
+    parser.add_argument("--acceptance", nargs="*", default=[], help="rows.csv files of experiments.presets.benchmark")
     parser.add_argument("--shapes", nargs="*", default=None, help="7b 13b (default), or tiny")
     parser.add_argument("--tiny", action="store_true", help="tiny shape on whatever device: a smoke test")
     parser.add_argument("--device", default=None, help="default: cuda if available")
@@ -287,7 +287,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--loop-steps", type=int, default=None, help="decode steps timed per config (default 48, tiny 8)")
     parser.add_argument("--configs", nargs="*", default=None, help="N,W,G triples for the loop timing")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's; tiny: 1)")
-    parser.add_argument("--batch-rows", nargs="*", default=[], help="rows.csv files of experiments.batch_bench: "
+    parser.add_argument("--batch-rows", nargs="*", default=[], help="rows.csv files of experiments.presets.batch: "
                         "measure t(B, k) and project the speedup against batch size")
     parser.add_argument("--batch-sizes", nargs="*", type=int, default=[1, 2, 4, 8, 16, 32, 64])
     args = parser.parse_args(argv)

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lookahead_core.layout import causal_layout  # noqa: E402
 from lookahead_core.model_io import CausalLM  # noqa: E402
-from lookahead_core.models import load_model  # noqa: E402
+from experiments.models.loader import load_model  # noqa: E402
 
 TEXT = "The quick brown fox jumps over the lazy dog. Once upon a time there was a little"
 

@@ -1,4 +1,4 @@
-"""Convert ``rows.csv`` files of the old ``experiments.benchmark`` schema (before issue #12) to the
+"""Convert ``rows.csv`` files of the old ``experiments.presets.benchmark`` schema (before issue #12) to the
 harness's one row schema, in place, so that ``benchmark report`` / ``collect`` read them:
 
     python scripts/upgrade_benchmark_rows.py results/benchmark/*/rows.csv
@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from experiments.runner import COLUMNS  # noqa: E402
+from experiments.job.runner import COLUMNS  # noqa: E402
 
 
 def _params(row: pd.Series) -> str:

@@ -10,10 +10,10 @@ import pandas as pd
 import pytest
 import torch
 
-from experiments import batch_bench
-from experiments.datasets import default_data_root, get_dataset, repo_root
+from experiments.presets import batch as batch_bench
+from experiments.data.datasets import default_data_root, get_dataset, repo_root
 from lookahead_core import LookaheadConfig
-from lookahead_core import cost_model as cm
+from lookahead_core import cost as cm
 
 POOL = LookaheadConfig(window=1, ngram=3, guess=1, pool_only=True)
 

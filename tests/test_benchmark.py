@@ -13,8 +13,11 @@ import pandas as pd
 import pytest
 import torch
 
-from experiments import benchmark, runner
-from experiments.datasets import default_data_root, repo_root
+from experiments.presets import benchmark
+
+from experiments.job import runner
+from experiments.rows.schema import COLUMNS
+from experiments.data.datasets import default_data_root, repo_root
 
 needs_data = pytest.mark.skipif(not default_data_root().is_dir(), reason="no offline data")
 
@@ -50,7 +53,7 @@ def read_rows(out: Path) -> pd.DataFrame:
 @needs_data
 def test_rows_columns_and_lossless(run_dir: Path):
     with open(run_dir / "rows.csv", newline="") as handle:
-        assert tuple(next(csv.reader(handle))) == runner.COLUMNS      # the harness's one schema
+        assert tuple(next(csv.reader(handle))) == COLUMNS      # the harness's one schema
     df = read_rows(run_dir)
     assert len(df) == 2 * len(DECODERS)
     assert sorted(df["decoder"].unique()) == sorted(DECODERS)
@@ -126,7 +129,7 @@ def test_rerun_resumes(run_dir: Path):
 
 def test_summarize_by_hand():
     def row(item, decoder, decode_s, steps, new=5):
-        record = dict.fromkeys(runner.COLUMNS)
+        record = dict.fromkeys(COLUMNS)
         record.update(experiment="e", dataset="d", item_id=item, turn=1, seed=0, model="m", device="cpu",
                       dtype="float32", config="c", settings="h", decoder=decoder, baseline=decoder == "hf_greedy",
                       family="hf" if decoder == "hf_greedy" else "core", max_new_tokens=8, new_tokens=new,
@@ -170,11 +173,11 @@ def test_gpu_bench_tiny_runs_on_cpu(tmp_path: Path):
     gpu_bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gpu_bench)
     acceptance = tmp_path / "rows.csv"
-    row = {column: "" for column in runner.COLUMNS}
+    row = {column: "" for column in COLUMNS}
     row.update(model="m", dataset="d", item_id="1", decoder="la_N3W4G4", family="core", N="3", W="4", G="4",
                prompt_pool="False", pool_only="False", new_tokens="33", steps="20", step_tokens_mean="10.5")
     with open(acceptance, "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=runner.COLUMNS)
+        writer = csv.DictWriter(handle, fieldnames=COLUMNS)
         writer.writeheader()
         writer.writerow(row)
     gpu_bench.main(["--tiny", "--device", "cpu", "--out", str(tmp_path / "out"), "--acceptance", str(acceptance)])
@@ -274,7 +277,7 @@ def test_tree_configs_and_spread_items(tmp_path: Path):
         out / "rows.csv", index=False)
     benchmark.main(args)
     with open(out / "rows.csv", newline="") as handle:
-        assert tuple(next(csv.reader(handle))) == runner.COLUMNS
+        assert tuple(next(csv.reader(handle))) == COLUMNS
     assert len(read_rows(out)) == len(df)
     with pytest.raises(SystemExit):
         benchmark.main([*args[:-2], "--every", "0", "--out", str(out)])

@@ -11,10 +11,14 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from experiments import runner, schema
-from experiments.datasets import default_data_root, repo_root
-from experiments.decoders import DECODERS, AutoDecoder, CoreDecoder, Decoder, HFGenerate
-from experiments.schema import ConfigError, RunSettings, decoding_options, load_option, register_configs, to_settings
+from experiments.job import runner
+
+from experiments.config import schema
+from experiments.data.datasets import default_data_root, repo_root
+from experiments.decoders.registry import DECODERS, AutoDecoder, CoreDecoder, Decoder, HFGenerate
+from experiments.config.errors import ConfigError
+from experiments.config.settings import RunSettings, decoding_options, load_option, to_settings
+from experiments.config.schema import register_configs
 from lookahead_core import DecodeLimits, LookaheadConfig, SamplingConfig
 
 CONF = repo_root() / "conf"

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from lookahead_core import DecodeLimits, LookaheadConfig, decode
-from lookahead_core.cost_model import (
+from lookahead_core.cost import (
     CostModel,
     bent_sizes,
     choose_config,
@@ -23,7 +23,7 @@ from lookahead_core.cost_model import (
     upper_bound,
 )
 from lookahead_core.model_io import CausalLM
-from lookahead_core.models import tiny_random_model
+from experiments.models.loader import tiny_random_model
 
 # The worked example of REFERENCE.md: W=4, N=3, G=2 feeds 1 + 3 + 4 + 2*2 = 12 tokens; logits are
 # needed for the input row, the 4 last-level rows and the 4 candidate rows.
@@ -227,7 +227,7 @@ def test_cost_aware_calibration_surveys_acceptance_first_and_cuts_every_tree_by_
     """A cost-aware step cuts by acceptance estimates; the survey measures them before any cut, and
     every cost-aware decode after it (the calibration's here, the evaluated ones via
     ``report.drafts``) starts from them instead of guesses."""
-    import lookahead_core.cost_model as cm
+    import lookahead_core.cost as cm
 
     calls = []
 

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from experiments.datasets import (
+from experiments.data.datasets import (
     DATASETS,
     LADE_SUMMARY_INSTRUCTION,
     MTBENCH_TEMPERATURE,
     get_dataset,
 )
-from experiments.datasets import default_data_root as _default_data_root
+from experiments.data.datasets import default_data_root as _default_data_root
 
 DATA_ROOT = _default_data_root()
 
@@ -256,14 +256,14 @@ SMOLLM2_FRAME = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM
 
 @pytest.fixture(scope="module")
 def smollm2_tokenizer():
-    from lookahead_core.models import load_model
+    from experiments.models.loader import load_model
 
     return load_model("smollm2_135m")[1]
 
 
 def test_specbench_reads_the_real_file_and_builds_each_categorys_prompt(smollm2_tokenizer) -> None:
-    from experiments.runner import prompt_ids
-    from experiments.schema import PromptFormat
+    from experiments.job.runner import prompt_ids
+    from experiments.data.datasets import PromptFormat
 
     adapter = get_dataset("specbench")
     items = adapter.load(DATA_ROOT)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from experiments.datasets import repo_root
+from experiments.data.datasets import repo_root
 
 
 def test_gpu_check_tiny_runs_on_cpu(tmp_path: Path):

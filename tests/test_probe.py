@@ -9,7 +9,7 @@ from transformers import LlamaForCausalLM
 
 from lookahead_core import CausalLM, DecodeLimits, LookaheadConfig, UnsupportedModelError, decode, probe
 from lookahead_core import capability as probe_module
-from lookahead_core.models import tiny_random_model
+from experiments.models.loader import tiny_random_model
 from lookahead_core.capability import branching, run_probe
 from tiny_families import PASSING, REFUSED, tiny_family_model
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from lookahead_core import DecodeLimits, LookaheadConfig, decode
-from lookahead_core.models import load_model
+from experiments.models.loader import load_model
 
 pytestmark = pytest.mark.slow
 
@@ -86,9 +86,9 @@ TREE_TOKENS = 32
 def test_token_trees_equal_generate(smollm2, dataset_name):
     import os
 
-    from experiments.datasets import get_dataset
-    from experiments.runner import prompt_ids
-    from experiments.schema import PromptFormat
+    from experiments.data.datasets import get_dataset
+    from experiments.job.runner import prompt_ids
+    from experiments.data.datasets import PromptFormat
 
     model, tokenizer = smollm2
     dataset = get_dataset(dataset_name)
@@ -120,10 +120,12 @@ def test_smollm2_drafts_for_qwen_across_tokenizers(tmp_path, monkeypatch):
         pytest.skip("Qwen2.5-Coder-0.5B's weight packages are not installed (make install)")
     from hydra import compose, initialize_config_dir
 
-    from experiments import report, runner
-    from experiments.datasets import repo_root
-    from experiments.decoders import HFAssisted
-    from experiments.schema import register_configs
+    from experiments.reporting import report
+
+    from experiments.job import runner
+    from experiments.data.datasets import repo_root
+    from experiments.decoders.registry import HFAssisted
+    from experiments.config.schema import register_configs
 
     register_configs()
     calls = []

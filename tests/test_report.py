@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from experiments import report
-from experiments.runner import COLUMNS
+from experiments.reporting import report
+from experiments.rows.schema import COLUMNS
 
 
 def rows(shift: float, n: int = 60, seed: int = 0) -> pd.DataFrame:

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from experiments import sandbox
-from experiments.datasets import default_data_root, get_dataset, repo_root
-from experiments.sandbox import (
+from experiments.grading import sandbox
+from experiments.data.datasets import default_data_root, get_dataset, repo_root
+from experiments.grading.sandbox import (
     EXITED_EARLY,
     SANDBOX_UID,
     TAIL_CHARS,
@@ -488,8 +488,8 @@ def test_benchmark_solutions_pass_and_wrong_ones_fail(host: Canaries) -> None:
 def _harness_run(tmp_path: Path, *overrides: str) -> Path:
     from hydra import compose, initialize_config_dir
 
-    from experiments import runner
-    from experiments.schema import register_configs
+    from experiments.job import runner
+    from experiments.config.schema import register_configs
 
     register_configs()
     with initialize_config_dir(config_dir=str(repo_root() / "conf"), version_base="1.3"):
@@ -501,8 +501,8 @@ def _harness_run(tmp_path: Path, *overrides: str) -> Path:
 
 @needs_data
 def test_unavailable_sandbox_fails_before_the_model_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from experiments import runner
-    from experiments.schema import ConfigError
+    from experiments.job import runner
+    from experiments.config.errors import ConfigError
 
     with pytest.raises(ConfigError, match="sandbox must be one of"):
         _harness_run(tmp_path, "sandbox=none")
@@ -516,11 +516,12 @@ def test_unavailable_sandbox_fails_before_the_model_loads(tmp_path: Path, monkey
 def test_process_mode_is_announced_and_recorded(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import pandas as pd
 
-    from experiments import runner
+    from experiments.rows.schema import COLUMNS
+    from experiments.rows.store import ResultStore
 
     old = tmp_path / "old.csv"   # a results file from before the sandbox column: resumed, not refused
-    old.write_text(",".join(c for c in runner.COLUMNS if c != "sandbox") + "\n")
-    assert runner.ResultStore(old, {}).path.read_text().splitlines()[0] == ",".join(runner.COLUMNS)
+    old.write_text(",".join(c for c in COLUMNS if c != "sandbox") + "\n")
+    assert ResultStore(old, {}).path.read_text().splitlines()[0] == ",".join(COLUMNS)
     path = _harness_run(tmp_path, "sandbox=process")
     assert "sandbox=process" in capsys.readouterr().err
     rows = pd.read_csv(path)

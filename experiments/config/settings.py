@@ -1,0 +1,377 @@
+"""A job's settings, validated before torch or transformers are imported.
+
+:func:`to_settings` checks the composed config (the ``decoding`` node against the class its
+``kind`` names, each decoder list entry, paths, devices), builds the core's self-validating
+dataclasses and returns :class:`RunSettings`; :func:`plan` also loads the items. Every failure is a
+:class:`~experiments.config.errors.ConfigError` whose one-line message names the key and what it
+accepts. Nothing here imports torch: ``run.py`` validates first and imports the runner after.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.util
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from experiments.config.errors import ConfigError, one_line
+from experiments.config.schema import DatasetConfig, JobKeys, ModelConfig, RunConfig
+from experiments.data.datasets import DATASETS, DatasetAdapter, Item, PromptFormat, get_dataset, repo_root
+from experiments.decoders.registry import DECODERS, Decoder
+from experiments.grading import sandbox
+from lookahead_core.config import DecodeLimits, SamplingConfig
+
+
+# ---------------------------------------------------------------------------------------------
+# Decoder options: conf/decoding/<option>.yaml, typed by their class
+
+
+JOB_KEYS = tuple(f.name for f in dataclasses.fields(JobKeys))
+SAMPLING_KEYS = ("temperature", "top_k", "top_p", "item_temperature")
+DECODING_DIR = repo_root() / "conf" / "decoding"
+
+
+def decoding_options() -> list[str]:
+    return sorted(path.stem for path in DECODING_DIR.glob("*.yaml"))
+
+
+def load_option(option: str, key: str = "decoders") -> dict[str, Any]:
+    """A conf/decoding option as a plain dict, its defaults list (``- lookahead``, ``- _self_``) merged."""
+    path = DECODING_DIR / f"{option}.yaml"
+    if not path.is_file():
+        raise ConfigError(f"{key}: no decoding option {option!r}; choose from {', '.join(decoding_options())}")
+    own = OmegaConf.to_container(OmegaConf.load(path))
+    defaults = own.pop("defaults", None) or ["_self_"]
+    merged: dict[str, Any] = {}
+    for entry in defaults:
+        merged.update(own if entry == "_self_" else load_option(entry, key))
+    if "_self_" not in defaults:
+        merged.update(own)
+    return merged
+
+
+def typed(schema: type, values: dict[str, Any], key: str, what: str, also: Sequence[str] = ()) -> Any:
+    """``values`` as an instance of the dataclass ``schema``; a wrong key or type is a ConfigError
+    (``also``: the other keys the node may hold, for the message)."""
+    names = [f.name for f in dataclasses.fields(schema)]
+    unknown = [k for k in values if k not in names]
+    if unknown:
+        allowed = ", ".join([*names, *also]) or "no keys"
+        raise ConfigError(f"{key}.{unknown[0]}: unknown key; {what} takes {allowed}")
+    try:
+        base = OmegaConf.structured(schema)
+    except OmegaConfBaseException:   # a field type OmegaConf cannot hold: the dataclass checks itself
+        return schema(**values)
+    try:
+        return OmegaConf.to_object(OmegaConf.merge(base, values))
+    except OmegaConfBaseException as err:
+        name = str(getattr(err, "full_key", "") or "").split(".")[-1] or "?"
+        hint = {f.name: f.type for f in dataclasses.fields(schema)}.get(name)
+        expected = getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
+        raise ConfigError(f"{key}.{name} must be {expected}, got {values.get(name)!r}") from None
+
+
+def build_decoder(values: dict[str, Any], name: str, seed: int, key: str) -> tuple[Decoder, JobKeys]:
+    """One decoder from its merged yaml values; returns it and its job keys (sampling)."""
+    job = typed(JobKeys, {k: v for k, v in values.items() if k in JOB_KEYS}, key, "every decoder")
+    cls = DECODERS.get(job.kind)
+    if cls is None:
+        raise ConfigError(f"{key}.kind must be one of {', '.join(sorted(DECODERS))}, got {job.kind!r}")
+    own = {k: v for k, v in values.items() if k not in JOB_KEYS}
+    params = typed(cls.params_schema(), own, key, f"kind {job.kind}", also=JOB_KEYS)
+    try:
+        return cls(job.name or name, params, seed), job
+    except (ValueError, TypeError) as err:
+        message = str(err)
+        first = message.split(" ", 1)[0]
+        field_key = f"{key}.{first}" if first in own or hasattr(params, first) else key
+        raise ConfigError(f"{field_key}: {message}") from None
+
+
+def _decoders(run: RunConfig) -> list[tuple[Decoder, JobKeys]]:
+    """The job's decoders: ``decoding`` alone, or the ``decoders`` list with the values set on
+    ``decoding`` (by an experiment or the command line) applied to each that has the key."""
+    decoding = dict(run.decoding)
+    if run.decoders is None:
+        return [build_decoder(decoding, decoding.get("name") or "decoding", run.seed, "decoding")]
+    base = {**asdict(JobKeys()), **(load_option(decoding["name"], "decoding.name")
+                                    if decoding.get("name") in decoding_options() else {})}
+    delta = {k: v for k, v in decoding.items() if k != "name" and (k not in base or base[k] != v)}
+    built, taken = [], set(JOB_KEYS)
+    for index, entry in enumerate(run.decoders):
+        key = f"decoders[{index}]"
+        entry = dict(entry) if isinstance(entry, dict) else {"use": entry}
+        option = entry.pop("use", None)
+        if not isinstance(option, str):
+            raise ConfigError(f"{key}: a conf/decoding option name, or {{use: <option>, ...}}; "
+                              f"options: {', '.join(decoding_options())}")
+        values = {**load_option(option, key), **entry}
+        cls = DECODERS.get(values.get("kind", "core"))
+        accepts = set(JOB_KEYS) | ({f.name for f in dataclasses.fields(cls.params_schema())} if cls else set())
+        values.update({k: v for k, v in delta.items() if k in accepts})
+        taken |= accepts
+        try:
+            built.append(build_decoder(values, values.get("name") or option, run.seed, key))
+        except ConfigError as err:   # name the key as the user typed it
+            bad = str(err)[len(key) + 1:].split(" ")[0].split(":")[0]
+            raise (ConfigError(f"decoding{str(err)[len(key):]}") if bad in delta else err) from None
+    unused = [k for k in delta if k not in taken]
+    if unused:
+        raise ConfigError(f"decoding.{unused[0]}: no decoder of this job takes it "
+                          f"(decoders: {', '.join(d.name for d, _ in built)})")
+    return built
+
+
+# ---------------------------------------------------------------------------------------------
+# Composed config -> validated settings
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """Everything a job needs, validated; built from the composed config by :func:`to_settings`."""
+
+    model: ModelConfig
+    experiment: str
+    dataset: DatasetConfig
+    prompt_format: PromptFormat
+    baseline: Decoder
+    candidates: tuple[Decoder, ...]        # the decoders compared with the baseline (may be empty)
+    sampling: SamplingConfig
+    limits: DecodeLimits                   # without EOS ids: those come from the tokenizer
+    config_tag: str
+    data_root: Path
+    results_dir: Path
+    results_file: Path | None
+    device: str
+    seed: int
+    repeats: int
+    warmup: int
+    threads: int | None
+    score: bool
+    item_temperature: bool = False         # items may carry their own temperature (MT-Bench)
+    time_budget: float | None = None
+    sandbox: str = "bwrap"                 # how generated code runs (not in the fingerprint: same verdicts)
+    batch_size: int = 1                    # items per batch (each decoder decodes a batch in one call)
+
+    @property
+    def decoders(self) -> tuple[Decoder, ...]:
+        return (self.baseline, *self.candidates)
+
+    def fingerprint(self) -> str:
+        """Hash of every setting that changes a result row, except the seed and the item subset.
+
+        It names the results file, so a rerun of the same command resumes it and a run with other
+        settings (``max_new_tokens``, dtype, ...) never mixes its rows into it.
+        """
+        skip = ("name", "cache_dir", "packages", "install")
+        payload = {
+            "model": {k: _plain(v) for k, v in asdict(self.model).items() if k not in skip},
+            "experiment": self.experiment,
+            "dataset": [self.dataset.name, self.dataset.options, self.prompt_format.value,
+                        self.dataset.source.value, self.dataset.categories, self.dataset.order.value],
+            "decoders": [d.fingerprint() for d in self.decoders],
+            "sampling": [self.sampling.temperature, self.sampling.top_k, self.sampling.top_p],
+            "limits": [self.limits.max_new_tokens, list(self.limits.stop_strings)],
+            "run": [self.device, self.repeats, self.threads, self.score],
+        }
+        if self.item_temperature:
+            payload["item_temperature"] = True
+        if self.batch_size != 1:   # left out at 1, so files written before the knob keep their names
+            payload["batch_size"] = self.batch_size
+        blob = json.dumps(payload, sort_keys=True, default=str)
+        # The "h" stops CSV readers from parsing a hash such as "951e9898" as a number.
+        return "h" + hashlib.sha1(blob.encode()).hexdigest()[:8]
+
+    def results_path(self) -> Path:
+        if self.results_file is not None:
+            return self.results_file
+        name = f"{self.config_tag}-{self.fingerprint()}-s{self.seed}.csv"
+        return self.results_dir / self.experiment / self.model.name / name
+
+
+def _plain(value: Any) -> Any:
+    return value.value if isinstance(value, Enum) else value
+
+
+_DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
+
+
+def to_settings(cfg: DictConfig, *, device: str | None = None) -> RunSettings:
+    """Validate the composed config and convert it; raises :class:`ConfigError` naming the key.
+
+    ``device`` is the resolved device (``auto`` already replaced); it enters the results file
+    name, since timings on different devices must not share a file.
+    """
+    try:
+        run: RunConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
+    except OmegaConfBaseException as err:
+        raise ConfigError(one_line(err)) from None
+    dataset = run.dataset
+    _check(_DEVICE.fullmatch(run.device) is not None, "device", "auto, cpu, mps, cuda or cuda:N", run.device)
+    _check(run.repeats >= 1, "repeats", ">= 1", run.repeats)
+    _check(run.warmup >= 0, "warmup", ">= 0", run.warmup)
+    _check(run.threads is None or run.threads >= 1, "threads", ">= 1 or null", run.threads)
+    _check(run.time_budget is None or run.time_budget > 0, "time_budget", "> 0 or null", run.time_budget)
+    _check(run.sandbox in sandbox.MODES, "sandbox", f"one of {list(sandbox.MODES)}", run.sandbox)
+    _check(run.batch_size >= 1, "batch_size", ">= 1", run.batch_size)
+    _check(dataset.name in DATASETS, "dataset.name", f"one of {sorted(DATASETS)}", dataset.name)
+    _check(dataset.limit is None or dataset.limit >= 0, "dataset.limit", ">= 0 or null", dataset.limit)
+    _check(dataset.offset >= 0, "dataset.offset", ">= 0", dataset.offset)
+    _check(dataset.turns is None or dataset.turns >= 1, "dataset.turns", ">= 1 or null", dataset.turns)
+
+    listed = _decoders(run)
+    sampling_keys = {tuple(getattr(job, k) for k in SAMPLING_KEYS) for _, job in listed}
+    if len(sampling_keys) > 1:
+        raise ConfigError(f"decoders: all decoders of a job share one temperature/top_k/top_p/item_temperature "
+                          f"(got {sorted(sampling_keys)}); run the others as another job")
+    job = listed[0][1]
+    sampling = _build("decoding", SamplingConfig, temperature=job.temperature, top_k=job.top_k,
+                      top_p=job.top_p, seed=run.seed)
+    greedy = sampling.greedy and not job.item_temperature
+    baseline_option = run.baseline or ("greedy" if greedy else "sampling")
+    values = {**load_option(baseline_option, "baseline"), **{k: getattr(job, k) for k in SAMPLING_KEYS}}
+    baseline, _ = build_decoder(values, values.get("name") or baseline_option, run.seed, "baseline")
+    candidates = tuple(d for d, _ in listed if d.name != baseline.name)
+    names = [d.name for d in (baseline, *candidates)]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"decoders: names must differ, got {names}; name variants with {{use: <option>, name: ...}}")
+    if run.batch_size > 1:
+        unbatched = [d.name for d in (baseline, *candidates) if not d.batched]
+        if unbatched:
+            raise ConfigError(f"batch_size: {', '.join(unbatched)} decode one sequence at a time "
+                              f"(transformers' assisted generation takes batch size 1); run them with batch_size=1")
+        if job.item_temperature:
+            raise ConfigError("batch_size: a batch decodes at one temperature; decoding.item_temperature "
+                              "needs batch_size=1")
+    limits = _build("experiment", DecodeLimits, max_new_tokens=run.experiment.max_new_tokens,
+                    stop_strings=tuple(run.experiment.stop_strings))
+
+    root = repo_root()
+    try:  # builds the adapter (for its default prompt format) without reading any data
+        adapter = get_dataset(dataset.name, **dataset.options)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"dataset.options: {err}") from err
+    prompt_format = dataset.prompt_format or PromptFormat(adapter.format)
+    return RunSettings(
+        model=run.model,
+        experiment=run.experiment.name,
+        dataset=dataset,
+        prompt_format=prompt_format,
+        baseline=baseline,
+        candidates=candidates,
+        sampling=sampling,
+        limits=limits,
+        config_tag=config_tag(baseline, candidates, sampling, item_temperature=job.item_temperature),
+        data_root=_resolve(root, run.data_root),
+        results_dir=_resolve(root, run.results_dir),
+        results_file=None if run.results_file is None else _resolve(root, run.results_file),
+        device=device or run.device,
+        seed=run.seed,
+        repeats=run.repeats,
+        warmup=run.warmup,
+        threads=run.threads,
+        score=run.experiment.score,
+        item_temperature=job.item_temperature,
+        time_budget=run.time_budget,
+        sandbox=run.sandbox,
+        batch_size=run.batch_size,
+    )
+
+
+def with_eos(settings: RunSettings, eos_token_ids: tuple[int, ...]) -> RunSettings:
+    """The settings once the tokenizer has told us its EOS ids."""
+    return replace(settings, limits=replace(settings.limits, eos_token_ids=eos_token_ids))
+
+
+def config_tag(baseline: Decoder, candidates: tuple[Decoder, ...], sampling: SamplingConfig, *,
+               item_temperature: bool = False) -> str:
+    """A readable name of the job, e.g. ``lookahead_w15_n5_g15``, ``hf_pld+lookahead+auto`` or
+    ``sampling_t1_k0_p1`` (``t-item`` when each item brings its own temperature)."""
+    if len(candidates) > 1:
+        parts = ["+".join(d.name for d in candidates)]
+    else:
+        parts = [(candidates[0] if candidates else baseline).tag()]
+    if item_temperature:
+        parts += ["t-item", f"k{sampling.top_k}", f"p{sampling.top_p:g}"]
+    elif not sampling.greedy:
+        parts += [f"t{sampling.temperature:g}", f"k{sampling.top_k}", f"p{sampling.top_p:g}"]
+    return "_".join(parts)
+
+
+# ---------------------------------------------------------------------------------------------
+# Before any model loads: installed packages, data files
+
+
+def check_installed(settings: RunSettings) -> None:
+    """The model's weight packages are importable (found without importing them)."""
+    for package in settings.model.packages:
+        if importlib.util.find_spec(package) is None:
+            how = settings.model.install or f"pip install {package}"
+            raise ConfigError(f"model={settings.model.name}: package {package} is not installed; run: {how}")
+
+
+def load_items(settings: RunSettings, adapter: DatasetAdapter, limit: int | None, offset: int) -> list[Item]:
+    """The job's items ``[offset : offset + limit]`` after its category filter and order."""
+    dataset = settings.dataset
+    try:
+        return adapter.load(settings.data_root, limit, offset, dataset.source.value,
+                            categories=dataset.categories, order=dataset.order.value, seed=settings.seed)
+    except FileNotFoundError as err:
+        raise ConfigError(str(err)) from None
+    except ValueError as err:
+        raise ConfigError(f"dataset.categories: {err}") from None
+
+
+CODE_DATASETS = ("humaneval", "mbpp", "classeval")   # their outputs run in the sandbox for pass@k
+
+
+def plan(cfg: DictConfig) -> tuple[RunSettings, DatasetAdapter, list[Item]]:
+    """Validate the config, the installed packages and the data: everything before a model loads."""
+    settings = to_settings(cfg)
+    check_installed(settings)
+    adapter = get_dataset(settings.dataset.name, **settings.dataset.options)
+    items = load_items(settings, adapter, settings.dataset.limit, settings.dataset.offset)
+    _check_prompt_format(items, settings.prompt_format)
+    if settings.item_temperature and not any("temperature" in item.extra for item in items):
+        raise ConfigError(f"decoding.item_temperature: {settings.dataset.name} items carry no temperature "
+                          "(only mtbench does)")
+    if settings.score and settings.dataset.name in CODE_DATASETS:
+        try:   # fails saying what to install; sandbox=process is announced on every run
+            sandbox.require(settings.sandbox)
+        except sandbox.SandboxUnavailable as err:
+            raise ConfigError(f"sandbox: {err}") from err
+    return settings, adapter, items
+
+
+def _check_prompt_format(items: Sequence[Item], prompt_format: PromptFormat) -> None:
+    field_name = "turns" if prompt_format is PromptFormat.chat else "prompt"
+    lacking = [item.item_id for item in items if getattr(item, field_name) is None]
+    if lacking:
+        raise ConfigError(f"dataset.prompt_format: {prompt_format.value} needs items with {field_name}; "
+                          f"{items[0].dataset} item {lacking[0]} has none")
+
+
+def _build(key: str, cls: type, **kwargs: Any) -> Any:
+    try:
+        return cls(**kwargs)
+    except ValueError as err:
+        raise ConfigError(f"{key}: {err}") from err
+
+
+def _check(ok: bool, key: str, rule: str, value: Any) -> None:
+    if not ok:
+        raise ConfigError(f"{key} must be {rule}, got {value!r}")
+
+
+def _resolve(root: Path, path: str) -> Path:
+    candidate = Path(path).expanduser()
+    return candidate if candidate.is_absolute() else (root / candidate).resolve()

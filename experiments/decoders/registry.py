@@ -1,0 +1,417 @@
+"""The decoder registry: every way to generate is one small class here plus one yaml in ``conf/decoding/``.
+
+A yaml names its class with ``kind`` (default ``core``) and sets that class's parameters; the keys
+every decoder shares (``temperature``, ``top_k``, ``top_p``, ``item_temperature``) belong to the job,
+because a job compares its decoders against one baseline at one temperature. The runner knows no
+decoder by name: it calls
+
+* :meth:`Decoder.prepare` once, after the model loads (``auto`` calibrates, ``hf_assisted`` loads
+  its draft model),
+* :meth:`Decoder.generate` per prompt (the runner times every call alike with forward hooks), or
+  :meth:`Decoder.generate_batch` per batch of prompts with ``batch_size`` > 1 (decoders with
+  ``batched = True``),
+* :meth:`Decoder.columns` for the row's config columns.
+
+Adding a method (README, "Adding a decoder"): a class with a ``Params`` dataclass (its yaml keys,
+typed, with defaults) registered with ``@register("<kind>")``, and ``conf/decoding/<name>.yaml``
+with ``kind: <kind>``. Nothing else changes.
+
+This module imports neither torch nor transformers at import time: configs are validated before
+the heavy libraries load (``run.py``), so a bad override fails in a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import typing
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Optional
+
+from lookahead_core.config import DecodeLimits, LookaheadConfig, SamplingConfig
+
+DECODERS: dict[str, type[Decoder]] = {}
+
+
+def register(kind: str):
+    """Class decorator: ``kind`` is what a yaml's ``kind:`` key names."""
+    def add(cls: type[Decoder]) -> type[Decoder]:
+        cls.kind = kind
+        DECODERS[kind] = cls
+        return cls
+    return add
+
+
+@dataclass
+class Generation:
+    """What a decoder returns for one prompt; timing is the runner's (forward hooks), not the decoder's."""
+
+    tokens: list[int]
+    state: Any = None                  # the conversation to continue (core decoders), else None
+    stats: Any = None                  # lookahead_core.DecodeStats for core decoders, else None
+
+
+class Decoder:
+    """One way to generate. ``name`` labels its rows; ``params`` is its validated ``Params``."""
+
+    kind: ClassVar[str]
+    family: ClassVar[str] = "core"     # "core": this project's decode loop; "hf": transformers generate
+    batched: ClassVar[bool] = False    # has generate_batch (the job's batch_size may exceed 1)
+
+    @dataclass
+    class Params:
+        pass
+
+    def __init__(self, name: str, params: Any, seed: int = 0) -> None:
+        self.name = name
+        self.params = params
+        self.seed = seed
+
+    @classmethod
+    def params_schema(cls) -> type:
+        return cls.Params
+
+    def tag(self) -> str:
+        """A readable name for result files, e.g. ``lookahead_w5_n4_g5``, ``hf_pld_k3``."""
+        return self.name
+
+    def columns(self) -> dict[str, Any]:
+        """The row's config columns (see ``runner.COLUMNS``); ``params`` holds every setting."""
+        return {"params": json.dumps(_plain(self.params), sort_keys=True)}
+
+    # Params added after results were first committed: left out of the fingerprint at their
+    # defaults, so those results files keep their names and their runs still resume.
+    LATER_FIELDS: tuple[str, ...] = ()
+
+    def fingerprint(self) -> Any:
+        params = _plain(self.params)
+        if self.LATER_FIELDS:
+            defaults = dataclasses.asdict(self.Params())
+            params = {k: v for k, v in params.items()
+                      if k not in self.LATER_FIELDS or _normal(v) != _normal(defaults[k])}
+        return [self.name, self.kind, params]
+
+    def prepare(self, job: Any) -> None:
+        """Called once after the model loads, before the warm-up."""
+
+    def generate(self, job: Any, ids: list[int], state: Any, limits: DecodeLimits,
+                 sampling: SamplingConfig) -> Generation:
+        raise NotImplementedError
+
+    def generate_batch(self, job: Any, prompts: list[list[int]], limits: DecodeLimits,
+                       sampling: SamplingConfig) -> list[Generation]:
+        """Each prompt's generation, the batch decoded together (fresh conversations: no state)."""
+        raise NotImplementedError(f"{self.name} decodes one sequence at a time")
+
+
+def _plain(params: Any) -> Any:
+    return dataclasses.asdict(params) if dataclasses.is_dataclass(params) else params
+
+
+def _normal(value: Any) -> Any:
+    """Lists and tuples compare alike (yaml gives lists where the dataclass default is a tuple)."""
+    return tuple(value) if isinstance(value, (list, tuple)) else value
+
+
+# ---------------------------------------------------------------------------------------------
+# The core's decode loop: greedy, lookahead, prompt pool, pool-only, sampling, auto
+
+
+def _core_params() -> type:
+    """``lookahead`` (false: the plain greedy / sampling loop) plus every ``LookaheadConfig`` field
+    but the seed (the job's), with its type and default: a field added to ``LookaheadConfig`` is a
+    yaml key at once."""
+    hints = typing.get_type_hints(LookaheadConfig)
+    fields = [("lookahead", bool, field(default=True))]
+    for f in dataclasses.fields(LookaheadConfig):
+        if f.name == "seed":
+            continue
+        default = field(default=f.default) if f.default is not dataclasses.MISSING \
+            else field(default_factory=f.default_factory)
+        fields.append((f.name, hints[f.name], default))
+    return dataclasses.make_dataclass("CoreParams", fields)
+
+
+def lookahead_config(params: Any, seed: int) -> LookaheadConfig | None:
+    """The core config a core decoder's params describe (``None``: no lookahead)."""
+    values = {f.name: getattr(params, f.name) for f in dataclasses.fields(params) if f.name != "lookahead"}
+    core = {f.name for f in dataclasses.fields(LookaheadConfig)}
+    return LookaheadConfig(**{k: v for k, v in values.items() if k in core}, seed=seed) if params.lookahead else None
+
+
+def core_columns(config: LookaheadConfig | None) -> dict[str, Any]:
+    return {
+        "W": None if config is None or config.pool_only else config.window,
+        "N": None if config is None else config.ngram,
+        "G": None if config is None else config.guess,
+        "prompt_pool": None if config is None else config.prompt_pool,
+        "pool_only": None if config is None else config.pool_only,
+    }
+
+
+@register("core")
+class CoreDecoder(Decoder):
+    """``lookahead_core.decode``: greedy or sampling with ``lookahead: false``, else lookahead
+    (W, N, G), with the prompt pool, pool-only, ...: whatever the ``LookaheadConfig`` fields say."""
+
+    Params = _core_params()
+    batched = True
+
+    def __init__(self, name: str, params: Any, seed: int = 0) -> None:
+        super().__init__(name, params, seed)
+        self.config = lookahead_config(params, seed)    # validates (ValueError names the field)
+
+    LATER_FIELDS = ("tree", "suffix", "recycle", "recycle_window", "depth", "budget", "step_costs")
+
+    def tag(self) -> str:
+        config = self.config
+        if config is None:
+            return self.name
+        parts = [self.name] + ([] if config.pool_only else [f"w{config.window}"]) + [f"n{config.ngram}", f"g{config.guess}"]
+        if config.tree:
+            parts.append("tree")
+        parts += [f"{short}{value}" for short, value in (("sfx", config.suffix), ("rc", config.recycle),
+                                                         ("d", config.depth), ("k", config.budget)) if value]
+        if config.step_costs:
+            parts.append("ca")
+        if config.recycle_window:
+            parts.insert(parts.index(f"rc{config.recycle}") + 1, "rw")
+        return "_".join(parts)
+
+    def columns(self) -> dict[str, Any]:
+        plain = None if self.config is None else {k: v for k, v in dataclasses.asdict(self.config).items()
+                                                  if k != "seed"}
+        return {**core_columns(self.config), "params": json.dumps(plain, sort_keys=True, default=str)}
+
+    def generate(self, job, ids, state, limits, sampling) -> Generation:
+        from lookahead_core import decode
+
+        out = decode(job.lm, ids, self.config, limits, sampling, state=state, tokenizer=job.tokenizer)
+        return Generation(out.tokens, out.state, out.stats)
+
+    def generate_batch(self, job, prompts, limits, sampling) -> list[Generation]:
+        from lookahead_core import decode_batch
+
+        outs = decode_batch(job.lm, prompts, self.config, limits, sampling, tokenizer=job.tokenizer)
+        return [Generation(out.tokens, None, out.stats) for out in outs]
+
+
+@register("auto")
+class AutoDecoder(CoreDecoder):
+    """The cost model's pick (lookahead_core/cost/): after the model loads it measures this
+    device's latency curve and calibrates a grid on items that are not evaluated, then decodes as
+    the config predicted fastest (greedy included); with ``batch_size`` B > 1, fastest for batches
+    of B (``autotune.calibrate_batch``). The record is saved beside the results
+    (``<csv>.auto.json``) and reused by a rerun, so a resumed job keeps its decoder."""
+
+    @dataclass
+    class Params:
+        calibration_items: int = 2       # first turns of the items right after the evaluated range
+        calibration_tokens: int = 64     # new tokens per calibration decode
+        calibration_offset: Optional[int] = None   # first calibration item; None: after the range
+        predict: bool = False            # also calibrate the job's other core decoders (predicted vs measured)
+        cost_aware: bool = False         # trees with a budget feed, each step, only the nodes that pay (step_costs)
+
+    LATER_FIELDS = ("cost_aware",)
+
+    def __init__(self, name: str, params: Any, seed: int = 0) -> None:
+        Decoder.__init__(self, name, params, seed)
+        if params.calibration_items < 1 or params.calibration_tokens < 1:
+            raise ValueError(f"calibration_items and calibration_tokens must be >= 1, got "
+                             f"{params.calibration_items} and {params.calibration_tokens}")
+        self.config = None
+        self.record: dict | None = None
+        self.prior = None                # the calibration survey's draft acceptance (DraftStats)
+
+    def tag(self) -> str:
+        return self.name
+
+    def generate(self, job, ids, state, limits, sampling) -> Generation:
+        """A conversation's first turn starts from the calibration's measured draft acceptance;
+        later turns carry their own on (``DecodeState.drafts``)."""
+        if state is None and self.prior is not None:
+            from lookahead_core import DecodeState
+
+            state = DecodeState(cache=None, cached_tokens=[], drafts=self.prior)
+        return super().generate(job, ids, state, limits, sampling)
+
+    def prepare(self, job) -> None:
+        from experiments.decoders.registry import autotune
+
+        params = self.params
+        prompts = [job.prompt_ids(item, 0, ()) for item in
+                   job.calibration_items(params.calibration_items, params.calibration_offset)]
+        limits = dataclasses.replace(job.settings.limits, max_new_tokens=params.calibration_tokens)
+        always = [d.config for d in job.settings.decoders
+                  if params.predict and isinstance(d, CoreDecoder) and d.config is not None and d is not self]
+        sampling = None if job.settings.sampling.greedy else job.settings.sampling
+        path = job.auto_record_path(self.name)
+        self.record = autotune.calibrate(job.lm, prompts, limits, path, sampling=sampling, always=always,
+                                         cost_aware=params.cost_aware)
+        batch = job.settings.batch_size
+        if batch > 1:   # the pick for batches: what pays alone may not pay when B sequences share a forward
+            self.record = autotune.calibrate_batch(job.lm, prompts, limits, path, self.record, batch,
+                                                   sampling=sampling)
+        self.config = autotune.chosen_config(self.record, seed=self.seed)
+        self.prior = autotune.draft_prior(self.record)
+        print(f"{self.name}: the cost model chose {autotune.chosen_label(self.record)}"
+              + (f" for batches of {batch}" if batch > 1 else "") + f" (calibration record: {path})")
+
+
+# ---------------------------------------------------------------------------------------------
+# transformers generate: greedy / sampling, prompt lookup, assisted, early exit
+
+
+@register("hf")
+class HFGenerate(Decoder):
+    """``model.generate``: greedy at temperature 0, else sampling (the job's temperature)."""
+
+    family = "hf"
+    batched = True      # the assisted subclasses are not: transformers takes batch size 1 there
+
+    def generate_kwargs(self, job) -> dict[str, Any]:
+        return {}
+
+    def generate(self, job, ids, state, limits, sampling) -> Generation:
+        return self.generate_batch(job, [ids], limits, sampling)[0]
+
+    def generate_batch(self, job, prompts, limits, sampling) -> list[Generation]:
+        """``generate`` on the prompts left-padded with the job's pad id (a batch of one: no padding).
+        Each row is cut after its first EOS; in a batch, a row without one loses the pad ids
+        ``generate`` filled in once it had stopped (at a stop string)."""
+        import torch
+
+        model = job.model
+        pad = job.pad_token_id
+        width = max(map(len, prompts))
+        x = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts], device=model.device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=model.device)
+        kwargs = self.generate_kwargs(job)
+        if sampling.greedy:
+            kwargs.update(do_sample=False)
+        else:
+            torch.manual_seed(sampling.seed)
+            kwargs.update(do_sample=True, temperature=sampling.temperature, top_k=sampling.top_k or None,
+                          top_p=sampling.top_p)
+        if limits.stop_strings:
+            kwargs.update(stop_strings=list(limits.stop_strings), tokenizer=job.tokenizer)
+        out = model.generate(x, attention_mask=mask, max_new_tokens=limits.max_new_tokens,
+                             eos_token_id=list(limits.eos_token_ids) or None, pad_token_id=pad, **kwargs)
+        rows = out[:, width:].tolist()
+        return [Generation(_finished_row(row, limits.eos_token_ids, pad, padded=len(rows) > 1)) for row in rows]
+
+
+def _finished_row(row: list[int], eos: Sequence[int], pad: int, *, padded: bool) -> list[int]:
+    """A ``generate`` row up to its first EOS (kept); without one and ``padded``, its trailing pad
+    ids go (a model that itself ends on the pad id loses those too: pad ids are rarely sampled)."""
+    for i, token in enumerate(row):
+        if token in eos:
+            return row[: i + 1]
+    if padded:
+        while row and row[-1] == pad:
+            row = row[:-1]
+    return row
+
+
+@register("hf_pld")
+class HFPromptLookup(HFGenerate):
+    """transformers prompt lookup: ``generate(prompt_lookup_num_tokens=k)``."""
+
+    batched = False
+
+    @dataclass
+    class Params:
+        k: int = 10                       # prompt_lookup_num_tokens: tokens proposed per step
+        max_matching_ngram: int = 2       # max_matching_ngram_size: longest n-gram matched
+
+    def __init__(self, name: str, params: Any, seed: int = 0) -> None:
+        super().__init__(name, params, seed)
+        if params.k < 1 or params.max_matching_ngram < 1:
+            raise ValueError(f"k and max_matching_ngram must be >= 1, got {params.k} and {params.max_matching_ngram}")
+
+    def tag(self) -> str:
+        return f"{self.name}_k{self.params.k}"
+
+    def columns(self) -> dict[str, Any]:
+        return {**super().columns(), "prompt_lookup": self.params.k}
+
+    def generate_kwargs(self, job) -> dict[str, Any]:
+        return {"prompt_lookup_num_tokens": self.params.k, "max_matching_ngram_size": self.params.max_matching_ngram}
+
+
+@register("hf_assisted")
+class HFAssisted(HFGenerate):
+    """transformers assisted decoding with a draft model (``assistant_model``: any ``load_model``
+    spec). When the draft's tokenizer differs from the target's, transformers' cross-tokenizer
+    assisted decoding runs (``generate(tokenizer=..., assistant_tokenizer=...)``)."""
+
+    batched = False
+
+    @dataclass
+    class Params:
+        assistant_model: str = "smollm2_135m"   # offline name, tiny-<arch>, local folder or hub id
+        num_assistant_tokens: int = 20          # draft tokens per step to start from
+        schedule: str = "heuristic"             # num_assistant_tokens_schedule: heuristic, constant, heuristic_transient
+
+    def __init__(self, name: str, params: Any, seed: int = 0) -> None:
+        super().__init__(name, params, seed)
+        schedules = ("heuristic", "constant", "heuristic_transient")
+        if params.schedule not in schedules:
+            raise ValueError(f"schedule must be one of {', '.join(schedules)}, got {params.schedule!r}")
+        if params.num_assistant_tokens < 1:
+            raise ValueError(f"num_assistant_tokens must be >= 1, got {params.num_assistant_tokens}")
+        self.assistant = self.assistant_tokenizer = None
+
+    def columns(self) -> dict[str, Any]:
+        return {**super().columns(), "assistant": self.params.assistant_model}
+
+    def prepare(self, job) -> None:
+        self.assistant, self.assistant_tokenizer = job.load_assistant(self.params.assistant_model)
+
+    def generate_kwargs(self, job) -> dict[str, Any]:
+        self.assistant.generation_config.num_assistant_tokens = self.params.num_assistant_tokens
+        self.assistant.generation_config.num_assistant_tokens_schedule = self.params.schedule
+        kwargs: dict[str, Any] = {"assistant_model": self.assistant}
+        if _different_tokenizers(job.tokenizer, self.assistant_tokenizer):
+            kwargs.update(tokenizer=job.tokenizer, assistant_tokenizer=self.assistant_tokenizer)
+        return kwargs
+
+
+def _different_tokenizers(target: Any, draft: Any) -> bool:
+    if target is None or draft is None or not hasattr(target, "get_vocab") or not hasattr(draft, "get_vocab"):
+        return False
+    return target.get_vocab() != draft.get_vocab()
+
+
+@register("hf_early_exit")
+class HFEarlyExit(HFGenerate):
+    """transformers early-exit self-speculation: the first ``assistant_early_exit`` layers of the
+    model draft, the whole model verifies (``generate(assistant_early_exit=k)``; models trained for
+    it, e.g. LayerSkip, accept far more than others)."""
+
+    batched = False
+
+    @dataclass
+    class Params:
+        assistant_early_exit: int = 4     # layers that draft
+        num_assistant_tokens: int = 20
+
+    def __init__(self, name: str, params: Any, seed: int = 0) -> None:
+        super().__init__(name, params, seed)
+        if params.assistant_early_exit < 1:
+            raise ValueError(f"assistant_early_exit must be >= 1, got {params.assistant_early_exit}")
+
+    def columns(self) -> dict[str, Any]:
+        return {**super().columns(), "assistant": f"early_exit_{self.params.assistant_early_exit}"}
+
+    def prepare(self, job) -> None:
+        layers = job.model.config.num_hidden_layers
+        if self.params.assistant_early_exit >= layers:
+            from experiments.config.errors import ConfigError
+            raise ConfigError(f"decoding.assistant_early_exit must be < the model's {layers} layers, "
+                              f"got {self.params.assistant_early_exit}")
+
+    def generate_kwargs(self, job) -> dict[str, Any]:
+        return {"assistant_early_exit": self.params.assistant_early_exit,
+                "num_assistant_tokens": self.params.num_assistant_tokens}

@@ -1,0 +1,543 @@
+"""The one harness: a model, a dataset subset, a baseline and any number of decoders, one CSV.
+
+For every item (and every turn of multi-turn items) every decoder runs back to back, in an order
+rotated by one per item so that none always sees the warmer caches, after an untimed warm-up of
+each. Every call is timed the same way, whatever the decoder (this project's loop or transformers'
+``generate``): forward hooks on the model count its forwards and time each one, so ``prefill_s`` is
+the first forward, ``decode_s`` = wall clock - prefill, ``steps`` = forwards - 1 and
+``overhead_frac`` = share of ``decode_s`` outside the model. Each conversation keeps its own
+state, so turn 2 follows that decoder's own first answer (core decoders also reuse its KV cache).
+With ``batch_size`` B > 1 the items go in batches of B consecutive items of the subset: each
+decoder decodes a batch's prompts in one call (one forward per step for all), turn by turn, each
+turn prefilled afresh; every row of a batch has the call's timings and records the batch's index,
+items and size. One CSV row per item, turn and decoder is appended as soon as its batch finishes;
+a rerun of the same command skips finished items (an unfinished batch is redone whole, writing the
+rows it lacks). Aggregates are :mod:`experiments.reporting.report`'s, never computed here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import statistics
+import time
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+from jinja2 import TemplateError
+from omegaconf import DictConfig
+from tqdm import tqdm
+
+from lookahead_core import CausalLM, DecodeLimits, DecodeState, SamplingConfig, divergence
+from experiments.models import loader as model_loader
+
+from experiments.reporting import report
+from experiments.data.datasets import DatasetAdapter, Item, repo_root
+from experiments.decoders.registry import Decoder, Generation
+from experiments.grading.grade import score
+from experiments.rows.store import ResultStore
+from experiments.data.datasets import PromptFormat
+from experiments.config.settings import RunSettings, load_items, plan, with_eos
+from experiments.models.tiny_tokenizer import ByteTokenizer
+
+WARMUP_TOKENS = 16
+
+
+def run(cfg: DictConfig) -> Path:
+    """Run the composed config; returns the CSV path. Fails on a bad config before loading anything."""
+    settings, adapter, items = plan(cfg)
+    return run_job(settings, adapter, items)
+
+
+def run_job(settings: RunSettings, adapter: DatasetAdapter, items: list[Item]) -> Path:
+    settings = replace(settings, device=str(model_loader.resolve_device(settings.device)))
+    plan_keys = {item.item_id: expected_keys(adapter, item, settings) for item in items}
+    store = ResultStore(settings.results_path(), plan_keys)
+    # Batches are cut from the whole subset and their index (not the position in the to-do list)
+    # sets the decoder order, so a resumed run measures each batch exactly as an uninterrupted one would.
+    size = settings.batch_size
+    batches = [items[start:start + size] for start in range(0, len(items), size)]
+    todo = [(index, batch) for index, batch in enumerate(batches)
+            if any(item.item_id not in store.finished for item in batch)]
+    label = f"{settings.experiment}/{settings.model.name}/{settings.config_tag}"
+    print(f"{label}: {len(store.finished)} of {len(items)} items already in {store.path}"
+          + (f" (batches of {size})" if size > 1 else ""))
+    if todo:
+        started = time.perf_counter()
+        job = Job.start(settings, adapter, items)
+        for decoder in settings.decoders:
+            decoder.prepare(job)
+        job.warm_up(todo[0][1])
+        progress = Progress(len(items) - len(store.finished), label, settings.baseline.name)
+        longest = 0.0
+        try:
+            for index, batch in todo:
+                if settings.time_budget and time.perf_counter() - started + longest > settings.time_budget:
+                    print(f"time budget of {settings.time_budget:g} s reached: rerun the command to resume")
+                    break
+                batch_start = time.perf_counter()
+                rows = [row for row in run_batch(job, batch, index) if row["item_id"] not in store.finished]
+                store.append(rows)
+                progress.update(rows)
+                longest = max(longest, time.perf_counter() - batch_start)
+        finally:
+            progress.close()
+            job.meter.close()
+    rows = report.load_results([store.path])
+    print(report.job_summary(store.path, rows))
+    check_lossless(rows, store.path)
+    return store.path
+
+
+class LosslessnessError(RuntimeError):
+    """A fp32 greedy run departed from its baseline where the baseline was confident (a bug)."""
+
+
+def check_lossless(rows, path: Path) -> None:
+    """Raise :class:`LosslessnessError` naming the items whose fp32 rows have ``diff_verdict=mismatch``
+    (called after every row is written, so the run exits non-zero with its results kept)."""
+    bad = rows[(rows["dtype"] == "float32") & (rows["diff_verdict"] == "mismatch")]
+    if len(bad):
+        where = ", ".join(f"{r.item_id} turn {r.turn} ({r.decoder}, token {int(r.first_diff)}, margin "
+                          f"{r.diff_margin:.3g})" for r in bad.itertuples())
+        raise LosslessnessError(f"{len(bad)} fp32 rows of {path} depart from greedy at a confident token: {where}")
+
+
+def expected_keys(adapter: DatasetAdapter, item: Item, settings: RunSettings) -> frozenset[tuple[str, str]]:
+    """The (turn, decoder) rows that make an item complete; an item is redone as a unit."""
+    return frozenset((str(turn), decoder.name) for turn in range(1, num_turns(adapter, item, settings) + 1)
+                     for decoder in settings.decoders)
+
+
+def num_turns(adapter: DatasetAdapter, item: Item, settings: RunSettings) -> int:
+    if settings.prompt_format is PromptFormat.raw:
+        return 1
+    return min(adapter.num_turns(item), settings.dataset.turns or adapter.num_turns(item))
+
+
+def calibration_items(adapter: DatasetAdapter, settings: RunSettings, items: Sequence[Item], want: int,
+                      offset: int | None = None) -> list[Item]:
+    """``want`` items not in ``items`` (for ``auto``): from ``offset`` if given, else the ones right
+    after the evaluated range, else before it; only when the job covers the whole dataset its
+    first items (in-sample), which it says."""
+    if offset is not None:
+        return load_items(settings, adapter, want, offset)
+    dataset = settings.dataset
+    after = load_items(settings, adapter, want, dataset.offset + len(items))
+    before = load_items(settings, adapter, min(want, dataset.offset), max(0, dataset.offset - want)) \
+        if dataset.offset else []
+    chosen = (list(after) + list(before))[:want]
+    if not chosen:
+        print(f"auto: every item of {dataset.name} is evaluated; calibrating on the first {want} of them (in-sample)")
+        chosen = list(items[:want])
+    return chosen
+
+
+# ---------------------------------------------------------------------------------------------
+# Timing: forward hooks, the same for every decoder
+
+
+class ForwardMeter:
+    """Forward hooks on the model: how many forwards a call made and how long each took.
+
+    Forwards that run fewer layers than the model has (transformers' early-exit drafts run the
+    same module) are drafts, not verification steps: they are not counted as forwards.
+    """
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.durations: list[float] = []
+        self._start = 0.0
+        self._config = model.config
+        self._layers = getattr(model.config, "num_hidden_layers", None)
+        self._sync = model.device.type == "cuda"
+        self._handles = [model.register_forward_pre_hook(self._before), model.register_forward_hook(self._after)]
+
+    def _before(self, module, args) -> None:
+        if self._sync:
+            torch.cuda.synchronize()
+        self._start = time.perf_counter()
+
+    def _after(self, module, args, output) -> None:
+        if self._sync:
+            torch.cuda.synchronize()
+        if getattr(self._config, "num_hidden_layers", None) == self._layers:
+            self.durations.append(time.perf_counter() - self._start)
+
+    def reset(self) -> None:
+        self.durations = []
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+
+@dataclass
+class Timed:
+    """One decoder's result on one prompt: the first repeat's output, each time the median over repeats."""
+
+    output: Generation
+    prompt_tokens: int
+    wall_s: float
+    prefill_s: float
+    model_s: float              # the model's forwards after the prefill
+    forwards: int
+    steps: int | None = None    # this sequence's own steps when a batch shared the forwards
+    batch_new_tokens: int | None = None   # every sequence's new tokens, when a batch shared the call
+
+    @property
+    def decode_s(self) -> float:
+        return self.wall_s - self.prefill_s
+
+
+# ---------------------------------------------------------------------------------------------
+# The job: a loaded model, prompts, timed calls
+
+
+@dataclass
+class Job:
+    """A loaded model with what every row repeats (versions, commit); decoders reach it in prepare/generate."""
+
+    settings: RunSettings
+    adapter: DatasetAdapter
+    items: list[Item]
+    model: Any
+    tokenizer: Any
+    lm: CausalLM
+    meter: ForwardMeter
+    pad_token_id: int
+    constants: dict[str, Any]
+    assistants: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+
+    @classmethod
+    def start(cls, settings: RunSettings, adapter: DatasetAdapter, items: list[Item]) -> Job:
+        if settings.threads is not None:
+            torch.set_num_threads(settings.threads)
+        model, tokenizer = cls._load(settings, settings.model.spec)
+        settings = with_eos(settings, eos_token_ids(model, tokenizer, settings.model.extra_eos_token_ids))
+        eos = settings.limits.eos_token_ids
+        pad = pad_token_id(model, eos)
+        spec = settings.model
+        constants = {
+            "experiment": settings.experiment, "dataset": settings.dataset.name, "model": spec.name,
+            "dtype": spec.dtype.value, "device": settings.device, "config": settings.config_tag,
+            "settings": settings.fingerprint(), "top_k": settings.sampling.top_k, "top_p": settings.sampling.top_p,
+            "seed": settings.seed, "max_new_tokens": settings.limits.max_new_tokens,
+            "threads": torch.get_num_threads(), "repeats": settings.repeats, "torch": torch.__version__,
+            "transformers": transformers.__version__, "git_commit": git_commit(repo_root()),
+        }
+        return cls(settings, adapter, items, model, tokenizer, CausalLM(model), ForwardMeter(model), pad, constants)
+
+    @staticmethod
+    def _load(settings: RunSettings, spec: str) -> tuple[Any, Any]:
+        model_config = settings.model
+        model, tokenizer = model_loader.load_model(
+            spec, dtype=model_config.dtype.value, device=settings.device,
+            attn_implementation=model_config.attn_implementation.value, cache_dir=model_config.cache_dir,
+        )
+        if tokenizer is None:  # tiny random test models ship none
+            tokenizer = ByteTokenizer(model.config.vocab_size)
+        return model, tokenizer
+
+    def load_assistant(self, spec: str) -> tuple[Any, Any]:
+        """A draft model (and its tokenizer, None for tiny models), loaded once per job."""
+        if spec not in self.assistants:
+            model, tokenizer = self._load(self.settings, spec)
+            self.assistants[spec] = (model, None if isinstance(tokenizer, ByteTokenizer) else tokenizer)
+        return self.assistants[spec]
+
+    def calibration_items(self, want: int, offset: int | None = None) -> list[Item]:
+        return calibration_items(self.adapter, self.settings, self.items, want, offset)
+
+    def auto_record_path(self, name: str = "auto") -> Path:
+        return self.settings.results_path().with_suffix(f".{name}.json")
+
+    def prompt_ids(self, item: Item, turn_index: int, answers: Sequence[str]) -> list[int]:
+        return prompt_ids(self.adapter, self.tokenizer, self.settings.prompt_format, item, turn_index, answers)
+
+    def sampling(self, item: Item) -> SamplingConfig:
+        """The job's sampling settings, at the item's own temperature with ``item_temperature``."""
+        sampling = self.settings.sampling
+        if self.settings.item_temperature and "temperature" in item.extra:
+            sampling = replace(sampling, temperature=float(item.extra["temperature"]))
+        return sampling
+
+    def timed(self, decoder: Decoder, prompts: list[list[int]], states: list[Any] | None = None,
+              limits: DecodeLimits | None = None, sampling: SamplingConfig | None = None) -> list[Timed]:
+        """One call of ``decoder`` on the prompts, timed by the forward hooks: ``generate`` for a job
+        of batch size 1 (continuing ``states``), else ``generate_batch``, whose call time and
+        forwards every sequence's :class:`Timed` shares."""
+        limits, sampling = limits or self.settings.limits, sampling or self.settings.sampling
+        self.meter.reset()
+        _sync(self.model)
+        start = time.perf_counter()
+        if self.settings.batch_size == 1:
+            outputs = [decoder.generate(self, prompts[0], (states or [None])[0], limits, sampling)]
+        else:
+            outputs = decoder.generate_batch(self, prompts, limits, sampling)
+        _sync(self.model)
+        wall = time.perf_counter() - start
+        durations = self.meter.durations
+        shared = (wall, durations[0] if durations else 0.0, sum(durations[1:]), len(durations))
+        if self.settings.batch_size == 1:
+            return [Timed(outputs[0], len(prompts[0]), *shared)]
+        total = sum(len(output.tokens) for output in outputs)
+        # A sequence's steps: the core counts its own; generate commits one token per forward.
+        return [Timed(output, len(ids), *shared,
+                      steps=output.stats.steps if output.stats is not None else max(len(output.tokens) - 1, 0),
+                      batch_new_tokens=total) for output, ids in zip(outputs, prompts, strict=True)]
+
+    def warm_up(self, batch: Sequence[Item]) -> None:
+        """Untimed short decodes of each decoder on the first turns of a batch (batch size 1: one
+        item), so the first timed batch pays no one-off costs."""
+        prompts = [self.prompt_ids(item, 0, ()) for item in batch]
+        limits = DecodeLimits(min(WARMUP_TOKENS, self.settings.limits.max_new_tokens),
+                              self.settings.limits.eos_token_ids)
+        for _ in range(self.settings.warmup):
+            for decoder in self.settings.decoders:
+                self.timed(decoder, prompts, None, limits, self.sampling(batch[0]))
+
+    def text(self, tokens: list[int]) -> str:
+        return self.tokenizer.decode(tokens, skip_special_tokens=True)
+
+
+def prompt_ids(adapter: DatasetAdapter, tokenizer: Any, prompt_format: PromptFormat, item: Item, turn_index: int,
+               answers: Sequence[str]) -> list[int]:
+    """The whole conversation up to turn ``turn_index``'s generation prompt, as token ids: the
+    model's chat template (a plain transcript without one), or the raw prompt verbatim."""
+    if prompt_format is PromptFormat.raw:
+        return list(tokenizer.encode(adapter.raw_prompt(item)))
+    prefix = item.extra.get("assistant_prefix", "")
+    if getattr(tokenizer, "chat_template", None):
+        def render(system_role: bool) -> str:
+            messages = adapter.build_messages(item, turn_index, answers, system_role=system_role)
+            return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+        try:
+            text = render(system_role=True)
+        except TemplateError:  # templates such as Gemma's reject a system message
+            text = render(system_role=False)
+        return list(tokenizer.encode(text + prefix, add_special_tokens=False))  # the template has BOS
+    messages = adapter.build_messages(item, turn_index, answers)
+    return list(tokenizer.encode(plain_transcript(messages) + prefix))
+
+
+def _sync(model) -> None:
+    if model.device.type == "cuda":
+        torch.cuda.synchronize(model.device)
+
+
+def rotated(decoders: Sequence[Decoder], index: int) -> list[Decoder]:
+    shift = index % len(decoders)
+    return list(decoders[shift:]) + list(decoders[:shift])
+
+
+def run_batch(job: Job, batch: Sequence[Item], index: int) -> list[dict[str, Any]]:
+    """Every turn of a batch of items (batch size 1: one item) with each decoder, the decoders in
+    an order rotated by ``index``; returns the rows, per turn and item the baseline's first.
+    Turn t decodes the items that have a turn t, each continuing its own conversation with that
+    decoder; the sampling settings are the first item's (a batch shares one temperature)."""
+    settings = job.settings
+    decoders = settings.decoders
+    sampling = job.sampling(batch[0])
+    order = rotated(decoders, index)
+    turns = {item.item_id: num_turns(job.adapter, item, settings) for item in batch}
+    states: dict[tuple[str, str], Any] = {}
+    answers: dict[tuple[str, str], list[str]] = {(i.item_id, d.name): [] for i in batch for d in decoders}
+    batch_columns = {"batch_size": settings.batch_size, "batch": index,
+                     "batch_items": " ".join(item.item_id for item in batch)}
+    rows = []
+    for turn_index in range(max(turns.values())):
+        live = [item for item in batch if turns[item.item_id] > turn_index]
+        prompts = {key: job.prompt_ids(item, turn_index, answers[key])
+                   for item in live for key in ((item.item_id, d.name) for d in decoders)}
+        runs: dict[str, list[list[Timed]]] = {d.name: [] for d in decoders}
+        for _ in range(settings.repeats):
+            for decoder in order:
+                keys = [(item.item_id, decoder.name) for item in live]
+                # Each repeat must start from the same conversation: decode() extends the cache.
+                run_states = [states.get(key) for key in keys]
+                if settings.repeats > 1:
+                    run_states = [s.copy() if isinstance(s, DecodeState) else s for s in run_states]
+                runs[decoder.name].append(job.timed(decoder, [prompts[key] for key in keys], run_states,
+                                                    sampling=sampling))
+        for position, item in enumerate(live):
+            results = {name: _median([timed[position] for timed in repeats]) for name, repeats in runs.items()}
+            for decoder in decoders:
+                key = (item.item_id, decoder.name)
+                states[key] = results[decoder.name].output.state
+                answers[key].append(job.text(results[decoder.name].output.tokens))
+            item_prompts = {d.name: prompts[item.item_id, d.name] for d in decoders}
+            item_answers = {d.name: answers[item.item_id, d.name] for d in decoders}
+            for row in _turn_rows(job, item, turn_index + 1, results, item_answers, sampling, order, item_prompts):
+                rows.append({**row, **batch_columns})
+    return rows
+
+
+def _median(runs: list[Timed]) -> Timed:
+    """The first repeat's output (every repeat yields the same tokens: seeded) with median times."""
+    first = runs[0]
+    return replace(first, wall_s=statistics.median(t.wall_s for t in runs),
+                   prefill_s=statistics.median(t.prefill_s for t in runs),
+                   model_s=statistics.median(t.model_s for t in runs))
+
+
+def _turn_rows(job: Job, item: Item, turn: int, results: dict[str, Timed], answers: dict[str, list[str]],
+               sampling: SamplingConfig, order: list[Decoder], prompts: dict[str, list[int]]) -> list[dict[str, Any]]:
+    settings = job.settings
+    baseline = results[settings.baseline.name].output.tokens
+    scores: dict[tuple[int, ...], dict[str, Any]] = {}
+    rows = []
+    for decoder in settings.decoders:
+        timed = results[decoder.name]
+        tokens = timed.output.tokens
+        text = answers[decoder.name][turn - 1]
+        if settings.score and tuple(tokens) not in scores:  # same tokens, same score: run the sandbox once
+            scores[tuple(tokens)] = score(job.adapter, item, text, settings.prompt_format, settings.sandbox)
+        row = make_row(job, item, turn, decoder, timed, sampling.temperature, order.index(decoder))
+        row.update(compare_to_baseline(job.lm, prompts, settings.baseline.name, decoder.name, baseline, tokens,
+                                       decoder is settings.baseline, sampling))
+        row.update(scores.get(tuple(tokens), {}))
+        row["text"] = text
+        rows.append(row)
+    return rows
+
+
+def make_row(job: Job, item: Item, turn: int, decoder: Decoder, timed: Timed, temperature: float,
+             order: int) -> dict[str, Any]:
+    """What ran and how it went: every decoder's row is assembled here, the same way."""
+    stats = timed.output.stats
+    new = len(timed.output.tokens)
+    steps = timed.steps if timed.steps is not None else max(timed.forwards - 1, 0)
+    decode_s = timed.decode_s
+    row = {
+        **job.constants,
+        "item_id": item.item_id,
+        "category": item.extra.get("category"),
+        "turn": turn,
+        "decoder": decoder.name,
+        "family": decoder.family,
+        "baseline": decoder is job.settings.baseline,
+        "temperature": temperature,                   # the item's own with item_temperature
+        "order": order,
+        "load_avg": round(os.getloadavg()[0], 2),
+        **decoder.columns(),
+        "prompt_tokens": timed.prompt_tokens,
+        "prefill_tokens": stats.prefill_tokens if stats is not None else timed.prompt_tokens,
+        "new_tokens": new,
+        "batch_new_tokens": timed.batch_new_tokens if timed.batch_new_tokens is not None else new,
+        "forwards": timed.forwards,                   # the call's (a batch's forwards are shared)
+        "steps": steps,
+        "S": (new - 1) / steps if steps else 1.0,   # tokens per verification forward after the first
+        "prefill_s": timed.prefill_s,
+        "decode_s": decode_s,
+        "wall_s": timed.wall_s,
+        "tokens_per_s": new / decode_s if decode_s > 0 else None,
+        "model_s": timed.model_s,
+        "overhead_frac": 1.0 - timed.model_s / decode_s if decode_s > 0 else None,
+    }
+    if stats is not None:   # the core's own record of each step
+        row.update(
+            accepted_hist=json.dumps(stats.accepted_histogram),
+            step_tokens_mean=statistics.fmean(stats.step_tokens) if stats.step_tokens else None,
+            step_tokens_hist=json.dumps(dict(sorted(Counter(stats.step_tokens).items()))),
+            # every step in order, what the cost model replays (cost_model.predict_batch)
+            step_log=json.dumps({"fed": stats.step_tokens, "accepted": stats.accepted}),
+            draft_acceptance=json.dumps(stats.drafts.table()),   # per draft source and depth: fed, tried, accepted
+        )
+    return row
+
+
+def compare_to_baseline(model: Any, prompts: dict[str, list[int]], baseline_name: str, name: str,
+                        baseline: list[int], tokens: list[int], is_baseline: bool,
+                        sampling: SamplingConfig) -> dict[str, Any]:
+    """Columns comparing a decoder's output with the baseline's on the same prompt: ``matches_greedy``
+    and, where a greedy output differs, ``first_diff``, ``diff_margin`` and ``diff_verdict``.
+
+    When the two conversations already differed in an earlier turn, this turn's prompts differ
+    too: the verdict is ``earlier_turn`` (the earlier turn's row has the real one), with no margin.
+    """
+    if is_baseline or not sampling.greedy:   # sampled outputs differ by design
+        return {"matches_greedy": None}
+    if tokens == baseline:
+        return {"matches_greedy": True}
+    if prompts[name] != prompts[baseline_name]:
+        first = next((i for i, (a, b) in enumerate(zip(baseline, tokens)) if a != b), min(len(baseline), len(tokens)))
+        return {"matches_greedy": False, "first_diff": first, "diff_margin": None, "diff_verdict": "earlier_turn"}
+    found = divergence(model, prompts[baseline_name], baseline, tokens)
+    return {"matches_greedy": False, "first_diff": found.position, "diff_margin": found.margin,
+            "diff_verdict": found.verdict}
+
+
+def plain_transcript(messages: Sequence[dict[str, str]]) -> str:
+    """Chat messages as plain text, for models without a chat template (base and tiny models)."""
+    lines = [f"{message['role'].capitalize()}: {message['content']}" for message in messages]
+    return "\n\n".join(lines) + "\n\nAssistant:"
+
+
+def pad_token_id(model: Any, eos: Sequence[int]) -> int:
+    """The generation config's pad id, else the first EOS id, else 0 (what batched ``generate`` pads with)."""
+    pad = model.generation_config.pad_token_id
+    return pad if pad is not None else (eos[0] if eos else 0)
+
+
+def eos_token_ids(model: Any, tokenizer: Any, extra: Iterable[int]) -> tuple[int, ...]:
+    """EOS ids of the tokenizer, the generation config, the model config and the model's yaml."""
+    sources = (
+        getattr(tokenizer, "eos_token_id", None),
+        getattr(getattr(model, "generation_config", None), "eos_token_id", None),
+        getattr(model.config, "eos_token_id", None),
+        list(extra),
+    )
+    ids: list[int] = []
+    for source in sources:
+        ids += [source] if isinstance(source, int) else list(source or [])
+    return tuple(dict.fromkeys(ids))
+
+
+def git_commit(root: Path) -> str:
+    """Short hash of the checkout's HEAD, read from ``.git`` (no git process); "unknown" elsewhere."""
+    git = root / ".git"
+    try:
+        if git.is_file():  # a worktree: ".git" names the real git directory
+            git = (root / git.read_text().split(":", 1)[1].strip()).resolve()
+        common = (git / (git / "commondir").read_text().strip()).resolve() if (git / "commondir").is_file() else git
+        head = (git / "HEAD").read_text().strip()
+        if head.startswith("ref: "):
+            ref = head[len("ref: "):]
+            loose = common / ref
+            packed = (common / "packed-refs").read_text() if (common / "packed-refs").is_file() else ""
+            matches = [line.split()[0] for line in packed.splitlines() if line.endswith(" " + ref)]
+            head = loose.read_text().strip() if loose.is_file() else (matches[0] if matches else "")
+    except OSError:
+        return "unknown"
+    return head[:7] if re.fullmatch(r"[0-9a-f]{40}", head) else "unknown"
+
+
+# ---------------------------------------------------------------------------------------------
+# The progress bar
+
+
+class Progress:
+    """A tqdm bar over items showing each decoder's running speedup over the baseline (display only)."""
+
+    def __init__(self, total: int, description: str, baseline: str) -> None:
+        self.bar = tqdm(total=total, desc=description, unit="item")
+        self.baseline = baseline
+        self.seconds: dict[str, float] = {}
+
+    def update(self, rows: list[dict[str, Any]]) -> None:
+        for row in rows:
+            self.seconds[row["decoder"]] = self.seconds.get(row["decoder"], 0.0) + row["decode_s"]
+        base = self.seconds.get(self.baseline, 0.0)
+        self.bar.set_postfix_str(", ".join(f"{name} {base / seconds:.2f}x" for name, seconds in self.seconds.items()
+                                           if name != self.baseline and seconds > 0))
+        self.bar.update(len({row["item_id"] for row in rows}))   # items (a batch's rows hold several)
+
+    def close(self) -> None:
+        self.bar.close()

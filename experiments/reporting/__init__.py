@@ -1,0 +1,1 @@
+"""Tables and plots from result rows: speedup, compression, quality, leaderboards, and the views the presets print."""
