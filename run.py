@@ -1,63 +1,6 @@
-"""The harness: one Hydra job = one model x dataset subset x a list of decoders against one baseline.
+"""``python run.py ...`` is ``lookahead-run ...``: see experiments/cli.py and the README."""
 
-    python run.py                                        # the demo: HumanEval, SmolLM2, 4 decoders
-    python run.py experiment=humaneval 'decoders=[hf_pld,lookahead,auto]'
-    python run.py experiment=specbench dataset.limit=130 'decoders=[hf_pld,lookahead,auto]' baseline=hf_greedy
-    python run.py -m experiment=humaneval decoding.window=5,10,15 decoding.ngram=3,5
-    python run.py -m sweep=smollm2_wn                    # a ready-made grid (conf/sweep/)
-
-The config is validated before torch or transformers are imported: a bad override, a missing data
-file or a missing model package fails at once, in one line naming the key. Parallel jobs on one
-machine share its cores and skew speedups: time one job per device.
-
-Config groups live in conf/ and are typed by experiments/config/schema.py (decoders by their class in
-experiments/decoders/registry.py); results go to results/raw/<experiment>/<model>/<config>-<settings>-s<seed>.csv,
-and rerunning a command resumes it.
-"""
-
-import sys
-
-import hydra
-from hydra import compose, initialize_config_dir
-from hydra.errors import HydraException
-from omegaconf import DictConfig
-from omegaconf.errors import OmegaConfBaseException
-
-from experiments.data.datasets import repo_root
-from experiments.config.errors import ConfigError, one_line
-from experiments.config.settings import plan
-from experiments.config.schema import register_configs
-
-register_configs()
-
-
-def fail(message: str) -> None:
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
-def precheck(argv: list[str]) -> None:
-    """Compose a single run's overrides once, so that Hydra's own errors also come as one line."""
-    if any(arg.startswith("-") for arg in argv) or any(arg.startswith(("hydra.", "hydra/", "+hydra")) for arg in argv):
-        return   # multirun, --help, --cfg ...: Hydra handles those itself
-    try:
-        with initialize_config_dir(config_dir=str(repo_root() / "conf"), version_base="1.3"):
-            compose("config", overrides=argv)
-    except (HydraException, OmegaConfBaseException) as err:
-        fail(one_line(err))
-
-
-@hydra.main(config_path="conf", config_name="config", version_base="1.3")
-def main(cfg: DictConfig) -> None:
-    try:
-        settings, adapter, items = plan(cfg)   # validates, checks packages, reads the data: no torch yet
-    except ConfigError as err:
-        fail(str(err))
-    from experiments.job.runner import run_job   # torch and transformers load only now
-
-    run_job(settings, adapter, items)
-
+from experiments.cli import run
 
 if __name__ == "__main__":
-    precheck(sys.argv[1:])
-    main()
+    run()

@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from experiments.job.runner import COLUMNS  # noqa: E402
+from experiments.rows.schema import COLUMNS  # noqa: E402
 
 
 def _params(row: pd.Series) -> str:

@@ -227,7 +227,7 @@ def test_cost_aware_calibration_surveys_acceptance_first_and_cuts_every_tree_by_
     """A cost-aware step cuts by acceptance estimates; the survey measures them before any cut, and
     every cost-aware decode after it (the calibration's here, the evaluated ones via
     ``report.drafts``) starts from them instead of guesses."""
-    import lookahead_core.cost as cm
+    import lookahead_core.cost.choice as cm
 
     calls = []
 

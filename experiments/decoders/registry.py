@@ -237,7 +237,7 @@ class AutoDecoder(CoreDecoder):
         return super().generate(job, ids, state, limits, sampling)
 
     def prepare(self, job) -> None:
-        from experiments.decoders.registry import autotune
+        from experiments.decoders import autotune
 
         params = self.params
         prompts = [job.prompt_ids(item, 0, ()) for item in

@@ -33,6 +33,7 @@ import pandas as pd
 
 from experiments.data.datasets import default_data_root, get_dataset
 from experiments.grading.grade import graded_code
+from experiments.reporting.tables import markdown
 from experiments.grading.sandbox import (CLASSEVAL_MODULE, ExecResult, Limits, check_classeval, check_humaneval, check_mbpp,
                       classeval_files, mbpp_program, run_code, run_jobs)
 
@@ -164,20 +165,18 @@ def agreement(outputs: Sequence[Output], data_root: Path, workers: int | None = 
 
 
 def to_markdown(table: pd.DataFrame) -> str:
-    lines = ["| dataset | model | outputs | ours passed | reference passed | agree | disagree |",
-             "|---|---|---|---|---|---|---|"]  # fmt: skip
-    for (dataset, model), group in table.groupby(["dataset", "model"]):
-        agree = int((group["ours"] == group["reference"]).sum())
-        lines.append(f"| {dataset} | {model} | {len(group)} | {int(group['ours'].sum())} | "
-                     f"{int(group['reference'].sum())} | {agree} | {len(group) - agree} |")
+    counts = pd.DataFrame([
+        {"dataset": dataset, "model": model, "outputs": len(group), "ours passed": int(group["ours"].sum()),
+         "reference passed": int(group["reference"].sum()), "agree": int((group["ours"] == group["reference"]).sum()),
+         "disagree": int((group["ours"] != group["reference"]).sum())}
+        for (dataset, model), group in table.groupby(["dataset", "model"])])
     differ = table[table["ours"] != table["reference"]]
-    lines += ["", f"Disagreements: {len(differ)}", ""]
+    lines = [markdown(counts), "", f"Disagreements: {len(differ)}", ""]
     if len(differ):
-        lines += ["| dataset | model | item | ours | our reason | our seconds | reference |",
-                  "|---|---|---|---|---|---|---|"]  # fmt: skip
-        for row in differ.itertuples():
-            lines.append(f"| {row.dataset} | {row.model} | {row.item_id} | {row.ours_status} | "
-                         f"{row.ours_reason[:120]} | {row.ours_seconds} | {row.reference_result[:120]} |")
+        lines.append(markdown(pd.DataFrame({
+            "dataset": differ["dataset"], "model": differ["model"], "item": differ["item_id"],
+            "ours": differ["ours_status"], "our reason": differ["ours_reason"].str[:120],
+            "our seconds": differ["ours_seconds"], "reference": differ["reference_result"].str[:120]})))
     statuses = Counter(zip(table["dataset"], table["ours_status"]))
     lines += ["", "Our statuses: " + ", ".join(f"{d} {s}: {n}" for (d, s), n in sorted(statuses.items()))]
     return "\n".join(lines) + "\n"

@@ -43,6 +43,7 @@ from lookahead_core import LookaheadConfig
 from lookahead_core import cost as cm
 
 from experiments.reporting import report as harness_report
+from experiments.reporting.tables import markdown
 from experiments.presets.benchmark import compose_job, core_entry, model_overrides
 
 DECODERS: dict[str, LookaheadConfig | None] = {
@@ -285,14 +286,6 @@ def project_roofline(df: pd.DataFrame, costs: dict[int, cm.CostModel]) -> pd.Dat
     return pd.DataFrame(rows)
 
 
-def _markdown(df: pd.DataFrame) -> str:
-    def cell(v):
-        return f"{v:.3g}" if isinstance(v, float) else str(v)
-    lines = ["| " + " | ".join(df.columns) + " |", "|" + "---|" * len(df.columns)]
-    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
-    return "\n".join(lines)
-
-
 def report(out: Path) -> str:
     out = Path(out)
     df = bench_rows(out)
@@ -317,15 +310,15 @@ def report(out: Path) -> str:
         "fp32, shared machine (load average per row in rows.csv): ratios, not absolute speeds, are the result. "
         f"Prompts ({meta.get('order', '?')} order): " + "; ".join(f"{d}: {' '.join(ids)}" for d, ids in
                                                                   meta.get("items", {}).items()),
-        "## Speedup over batched `generate` greedy at the same B (tokens/s ratio)", _markdown(wide),
-        "## Tokens/s (whole batch)", _markdown(throughput),
+        "## Speedup over batched `generate` greedy at the same B (tokens/s ratio)", markdown(wide),
+        "## Tokens/s (whole batch)", markdown(throughput),
         "## Per decoder: full table (S = mean per-sequence step compression; identical = share of rows "
-        "token-identical to hf_greedy)", _markdown(summary),
-        "## Where lookahead stops paying", _markdown(stops_paying(summary)),
+        "token-identical to hf_greedy)", markdown(summary),
+        "## Where lookahead stops paying", markdown(stops_paying(summary)),
         "## Cost model: predicted (from t(B, k) and each batch's per-step records) vs measured speedup over core greedy",
-        _markdown(predicted),
-        "## auto per batch size (calibrated on the B = 1 sequences)", _markdown(autos),
-        "## t(B, k): one batched forward, 256-token cache", _markdown(latency),
+        markdown(predicted),
+        "## auto per batch size (calibrated on the B = 1 sequences)", markdown(autos),
+        "## t(B, k): one batched forward, 256-token cache", markdown(latency),
         f"![speedup against B]({png.name})",
     ])
     (out / "summary.md").write_text(text + "\n")
@@ -371,7 +364,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         wide.columns = [f"B={c}" if not isinstance(c, str) else c for c in wide.columns]
         text = (f"# Roofline projection (ASSUMED hardware, not measured): {args.params:.3g} params, fp16, "
                 f"{args.bandwidth:.3g} B/s, {args.flops:.3g} FLOP/s\n\nSpeedup over batched greedy, acceptance "
-                f"from the measured sequences in rows.csv:\n\n{_markdown(wide)}\n")
+                f"from the measured sequences in rows.csv:\n\n{markdown(wide)}\n")
         (out / "roofline.md").write_text(text)
         print(text)
 

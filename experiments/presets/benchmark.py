@@ -35,12 +35,8 @@ K-th item from ``--offset`` on (spread over a dataset's categories, e.g. MT-Benc
 from __future__ import annotations
 
 import argparse
-import cProfile
 import dataclasses
-import inspect
-import io
 import json
-import pstats
 import sys
 from collections import Counter
 from collections.abc import Sequence
@@ -51,13 +47,13 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from experiments.reporting import report
+from experiments.reporting.tables import cell, markdown
 from experiments.data.datasets import repo_root
 from experiments.config.schema import register_configs
 from lookahead_core.config import LookaheadConfig
 
 HF_GREEDY, CORE_GREEDY = "hf_greedy", "core_greedy"
 PAIR = ["dataset", "item_id"]
-WARMUP_TOKENS = 16
 
 
 # ---------------------------------------------------------------------------------------------
@@ -321,10 +317,10 @@ def draft_acceptance(df: pd.DataFrame) -> pd.DataFrame:
     ``draft_acceptance``: ``DraftStats.table()`` as JSON)."""
     totals: dict[tuple[str, str, int], Counter] = {}
     column = df["draft_acceptance"] if "draft_acceptance" in df else pd.Series(dtype=object)
-    for decoder, cell in zip(df["decoder"], column):
-        if not isinstance(cell, str) or not cell:
+    for decoder, record in zip(df["decoder"], column):
+        if not isinstance(record, str) or not record:
             continue
-        for r in json.loads(cell):
+        for r in json.loads(record):
             totals.setdefault((decoder, r["source"], int(r["depth"])), Counter()).update(
                 {k: r[k] for k in ("fed", "tried", "accepted")})
     return pd.DataFrame([{"decoder": d, "source": s, "depth": k, **c,
@@ -333,26 +329,17 @@ def draft_acceptance(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def summary_markdown(table: pd.DataFrame, title: str) -> str:
-    def num(value, spec):
-        return "" if value is None or pd.isna(value) else format(value, spec)
-
-    lines = [
-        f"### {title}",
-        "",
-        "| decoder | N | W | G | prompts | S | tokens/step | tok/s median [IQR] | speedup median | speedup sum | "
-        "speedup e2e | vs core greedy | overhead | match HF greedy | pass@1 |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for _, r in table.iterrows():
-        name = f"auto = {r['label']}" if r["decoder"] == "auto" else r["decoder"]
-        lines.append(
-            f"| {name} | {num(r['N'], '.0f')} | {num(r['W'], '.0f')} | {num(r['G'], '.0f')} | {r['prompts']} | "
-            f"{r['S']:.2f} | {num(r['tokens_per_step'], '.1f')} | {r['tok_s_median']:.2f} [{r['tok_s_q1']:.2f}-{r['tok_s_q3']:.2f}] | "
-            f"{r['speedup_median']:.2f}x | {r['speedup_sum']:.2f}x | {r['speedup_e2e']:.2f}x | "
-            f"{num(r.get('speedup_vs_core'), '.2f')} | {100 * r['overhead']:.1f}% | "
-            f"{num(r['match_hf_greedy'], '.0%')} | {num(r.get('pass@1'), '.2f')} |"
-        )
-    return "\n".join(lines)
+    rows = [{
+        "decoder": f"auto = {r['label']}" if r["decoder"] == "auto" else r["decoder"],
+        "N": cell(r["N"], ".0f"), "W": cell(r["W"], ".0f"), "G": cell(r["G"], ".0f"), "prompts": str(r["prompts"]),
+        "S": f"{r['S']:.2f}", "tokens/step": cell(r["tokens_per_step"], ".1f"),
+        "tok/s median [IQR]": f"{r['tok_s_median']:.2f} [{r['tok_s_q1']:.2f}-{r['tok_s_q3']:.2f}]",
+        "speedup median": f"{r['speedup_median']:.2f}x", "speedup sum": f"{r['speedup_sum']:.2f}x",
+        "speedup e2e": f"{r['speedup_e2e']:.2f}x", "vs core greedy": cell(r.get("speedup_vs_core"), ".2f"),
+        "overhead": f"{100 * r['overhead']:.1f}%", "match HF greedy": cell(r["match_hf_greedy"], ".0%"),
+        "pass@1": cell(r.get("pass@1"), ".2f"),
+    } for _, r in table.iterrows()]
+    return f"### {title}\n\n" + markdown(pd.DataFrame(rows, dtype=object))
 
 
 def predicted_vs_measured(df: pd.DataFrame, calibration: dict) -> pd.DataFrame:
@@ -451,7 +438,7 @@ def write_report(out: Path, calibration_path: Path | None = None) -> str:
     if not drafts.empty:
         drafts.to_csv(out / "draft_acceptance.csv", index=False)
         sections.append("#### Draft nodes per source and depth (fed; tried = the walk reached the parent; "
-                        "accepted)\n\n" + drafts.to_markdown(index=False, floatfmt=".3f"))
+                        "accepted)\n\n" + markdown(drafts, floatfmt=".3f"))
     own = out / "rows.auto.json"
     if calibration_path is None and own.exists():
         calibration_path = own
@@ -459,7 +446,7 @@ def write_report(out: Path, calibration_path: Path | None = None) -> str:
         calibration = json.loads(Path(calibration_path).read_text())
         heading = "#### Cost model: predicted vs measured speedup over core greedy"
         if Path(calibration_path).resolve() == own.resolve():
-            from experiments.decoders.registry import autotune
+            from experiments.decoders import autotune
 
             autotune.write_tables(calibration, out)
             sections.append(calibration["markdown"])
@@ -469,7 +456,7 @@ def write_report(out: Path, calibration_path: Path | None = None) -> str:
         if not pvm.empty:
             pvm.to_csv(out / "predicted_vs_measured.csv", index=False)
             plot_predicted(pvm, out / "predicted_vs_measured.png", title)
-            sections.append(heading + "\n\n" + pvm.to_markdown(index=False, floatfmt=".2f"))
+            sections.append(heading + "\n\n" + markdown(pvm, floatfmt=".2f"))
     text = "\n\n".join(sections) + "\n"
     (out / "summary.md").write_text(text, encoding="utf-8")
     return text
@@ -577,7 +564,7 @@ def write_collection(root: Path) -> str:
         shown = trees.copy()
         shown["goal_S_15pct_no_more_fed"] = shown["goal_S_15pct_no_more_fed"].map({True: "yes", False: "**no**"})
         tree_text = ("### Token trees against linear branches at the same (N, W, G), same prompts\n\n"
-                     + shown.to_markdown(index=False, floatfmt=".2f") + "\n")
+                     + markdown(shown, floatfmt=".2f") + "\n")
         (root / "trees.md").write_text(tree_text, encoding="utf-8")
     table = collect(runs)
     if table.empty:
@@ -600,7 +587,7 @@ def write_collection(root: Path) -> str:
     for goal in [c for c in shown.columns if c.startswith("goal_")]:
         shown[goal] = shown[goal].map({True: "yes", False: "**no**"}).fillna("")
     text = ("### decoding=auto against transformers (speedup over `generate` greedy, ratio of summed decode time)\n\n"
-            + shown.to_markdown(index=False, floatfmt=".2f") + "\n\n![goals](goals.png)\n")
+            + markdown(shown, floatfmt=".2f") + "\n\n![goals](goals.png)\n")
     (root / "goals.md").write_text(text, encoding="utf-8")
     return text + ("\n" + tree_text if tree_text else "")
 
@@ -616,108 +603,6 @@ def _method_note(meta: dict, df: pd.DataFrame) -> str:
         "core_greedy; 'overhead' = share of decode_s outside the model's forward. "
         "S = tokens after the first / forwards after the prefill."
     )
-
-
-# ---------------------------------------------------------------------------------------------
-# Profiling the core's host-side work
-
-
-# Functions of the core whose cumulative time is reported, in categories that do not nest.
-PROFILE_CATEGORIES: dict[str, tuple[tuple[str, str], ...]] = {
-    "attention mask (layout.attention_mask)": (("layout.py", "attention_mask"),),
-    "step layout (lru-cached)": (("layout.py", "step_layout"),),
-    "pool candidates lookup": (("pool.py", "tagged"),),
-    "tree build / prune / node scores": (("layout.py", "build_tree"), ("layout.py", "prune_tree"), ("drafts.py", "scores")),
-    "draft acceptance bookkeeping": (("drafts.py", "record"),),
-    "pool insert (window n-grams + prompt pool)": (("pool.py", "add_all"), ("pool.py", "add_from_sequence")),
-    "window update / tokens": (("window.py", "update"), ("window.py", "tokens")),
-    "verify (tree walk)": (("verify.py", "walk_tree"),),
-    "KV commit (commit_kv)": (("model_io.py", "commit_kv"),),
-    "accept / stop checks": (("decoder.py", "_accept"),),
-}
-
-
-def profile_breakdown(stats: pstats.Stats, model) -> dict[str, float]:
-    """Seconds per category in one profile; 'model forward' is the model class's own forward."""
-    forward = inspect.unwrap(type(model).forward).__code__
-    table = stats.stats  # (file, line, name) -> (cc, nc, tt, ct, callers)
-
-    def cumulative(file: str, name: str) -> float:
-        return sum(v[3] for (f, _, n), v in table.items() if f.endswith(file) and n == name and "lookahead_core" in f)
-
-    out = {"model forward": sum(v[3] for (f, line, n), v in table.items() if (f, line, n) == (
-        forward.co_filename, forward.co_firstlineno, forward.co_name))}
-    out["CausalLM.forward glue (input tensors, .to(device))"] = (
-        cumulative("model_io.py", "forward") - out["model forward"] - cumulative("layout.py", "attention_mask"))
-    for category, functions in PROFILE_CATEGORIES.items():
-        out[category] = sum(cumulative(f, n) for f, n in functions)
-    out["decode (total)"] = cumulative("decoder.py", "decode")
-    return out
-
-
-def loop_breakdown(full: dict[str, float], prefill_only: dict[str, float]) -> dict[str, float]:
-    """The decode loop's share of each category: a full decode minus a decode of one token
-    (prefill and first token only); 'other loop work' is what no category covers."""
-    loop = {k: full[k] - prefill_only.get(k, 0.0) for k in full}
-    total = loop.pop("decode (total)")
-    loop["other loop work"] = total - sum(loop.values())
-    return {k: v / total for k, v in loop.items()}
-
-
-def profile(args: argparse.Namespace) -> Path:
-    """Host-side time per step of each config: unprofiled totals, then a cProfile breakdown."""
-    import torch
-
-    from lookahead_core import DecodeLimits, decode
-
-    from experiments.decoders.registry import CoreDecoder
-    from experiments.job.runner import Job
-
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    settings, adapter, items = plan_job(args)
-    job = Job.start(settings, adapter, items)
-    job.meter.close()     # cProfile, not the hooks, times this view
-    prompts = [job.prompt_ids(item, 0, ()) for item in items]
-    eos = job.settings.limits.eos_token_ids
-    limits = DecodeLimits(max_new_tokens=args.max_new_tokens, eos_token_ids=eos)
-    decoders = [d for d in settings.decoders if type(d) is CoreDecoder]
-    decode(job.model, prompts[0], None, DecodeLimits(WARMUP_TOKENS))
-    rows, raw = [], []
-    for decoder in decoders:
-        steps = decode_s = model_s = 0.0
-        for ids in prompts:
-            stats = decode(job.model, ids, decoder.config, limits).stats
-            steps += stats.steps
-            decode_s += stats.decode_seconds
-            model_s += stats.model_seconds
-        profiles = []
-        for limit in (limits, DecodeLimits(max_new_tokens=1, eos_token_ids=eos)):
-            profiler = cProfile.Profile()
-            for ids in prompts:
-                profiler.runcall(decode, job.model, ids, decoder.config, limit)
-            profiles.append(profiler)
-        shares = loop_breakdown(*(profile_breakdown(pstats.Stats(p), job.model) for p in profiles))
-        row = {"decoder": decoder.name, "steps": int(steps), "ms_per_step": 1e3 * decode_s / steps,
-               "host_ms_per_step": 1e3 * (decode_s - model_s) / steps, "overhead_frac": 1 - model_s / decode_s}
-        row.update({f"{k} [% of loop, profiled]": 100 * v for k, v in shares.items()})
-        rows.append(row)
-        profiler = profiles[0]
-        text = io.StringIO()
-        pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(25)
-        raw.append(f"## {decoder.name}\n\n```\n{text.getvalue()}\n```")
-    table = pd.DataFrame(rows)
-    table.to_csv(out / "profile.csv", index=False)
-    transposed = table.set_index("decoder").T
-    note = (f"{args.model}, {len(prompts)} prompt(s) of {args.dataset}, {args.max_new_tokens} new tokens, "
-            f"{torch.get_num_threads()} thread(s). ms_per_step, host_ms_per_step and overhead_frac come from "
-            "unprofiled runs (host = outside CausalLM.forward, so mask building counts as model time there); "
-            "the percentages are shares of the decode loop under cProfile, which inflates Python-heavy parts.")
-    md = f"# Host-side profile\n\n{note}\n\n" + transposed.to_markdown(floatfmt=".2f") + "\n"
-    (out / "profile.md").write_text(md, encoding="utf-8")
-    (out / "profile_top_functions.md").write_text("\n\n".join(raw) + "\n", encoding="utf-8")
-    print(md)
-    return out / "profile.md"
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -739,7 +624,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     add_run_arguments(parser)
     if command == "profile":
         parser.set_defaults(limit=2, max_new_tokens=64, prompt_lookup=[])
-        profile(parser.parse_args(argv))
+        from experiments.presets.profile import profile
+        profile(parser.parse_args(argv), plan_job(parser.parse_args(argv)))
     else:
         run(parser.parse_args(argv))
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.figure import Figure
 
+from experiments.reporting.tables import markdown
 from experiments.rows.schema import COLUMNS
 from experiments.grading.metrics import ROUGE_TYPES, bootstrap_ci, pass_at_k_report
 
@@ -187,10 +188,7 @@ def divergence_table(df: pd.DataFrame) -> pd.DataFrame:
 
 def to_markdown(table: pd.DataFrame, columns: Sequence[str] | None = None) -> str:
     """A GitHub markdown table of the columns that exist and hold a value."""
-    if table.empty:
-        return "(no results)"
-    wanted = [c for c in (columns or table.columns) if c in table.columns and table[c].notna().any()]
-    return table[wanted].to_markdown(index=False, floatfmt=".3g")
+    return markdown(table, columns, drop_empty=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -324,7 +322,7 @@ def _quality_section(table: pd.DataFrame) -> str:
     if not rouge.empty:
         sections.append("ROUGE F1 with 95% bootstrap intervals; 'difference' is decoder minus baseline, "
                         "paired per row (an interval containing 0: no measurable difference).\n\n"
-                        + rouge.to_markdown(index=False))
+                        + markdown(rouge))
     return "\n\n".join(sections)
 
 
@@ -446,7 +444,7 @@ def leaderboard_markdown(table: pd.DataFrame) -> str:
         counts = row["decoder"] == "turns per column"
         for column in table.columns[1:]:
             shown.at[index, column] = cell(row[column], column, counts)
-    return shown.to_markdown(index=False)
+    return markdown(shown)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
