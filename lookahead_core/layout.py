@@ -1,6 +1,6 @@
 """Where each token of one fused lookahead step sits: rows, position offsets and the attention pattern.
 
-A step feeds, in this order (REFERENCE.md, "One step"):
+A step feeds, in this order (docs/algorithm.md, "One step: layout, positions, mask"):
 
     [input token] [level 0: W-1 tokens] [level 1: W] ... [level L-1: W] [draft tree: n nodes]
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 
 class JacobiWindow:
-    """Levels of the lookahead branch (REFERENCE.md, "One step").
+    """Levels of the lookahead branch (docs/algorithm.md, "One step: layout, positions, mask").
 
     Level 0 holds W-1 tokens (the step's input token is its column 0); levels 1.. hold W each.
     Level 0 is drawn from the prompt with a seeded RNG; the following N-2 steps are warm-up that

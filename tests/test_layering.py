@@ -133,3 +133,19 @@ def test_configs_validate_without_torch(statement):
     code = f"import sys\n{statement}\nassert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))[:3]"
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_every_entry_point_names_a_callable():
+    import importlib
+    import tomllib
+
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert {"lookahead-run", "lookahead-report", "lookahead-benchmark"} <= set(scripts)
+    for name, target in scripts.items():
+        module, _, attribute = target.partition(":")
+        assert callable(getattr(importlib.import_module(module), attribute)), name
+
+
+def test_no_code_under_results():
+    tracked = subprocess.run(["git", "ls-files", "results"], cwd=ROOT, capture_output=True, text=True).stdout.split()
+    assert [path for path in tracked if path.endswith((".py", ".sh"))] == []

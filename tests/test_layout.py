@@ -1,4 +1,4 @@
-"""The fused step's mask and positions against a cell-by-cell reference of REFERENCE.md's rules."""
+"""The fused step's mask and positions against a cell-by-cell reference of docs/algorithm.md's rules."""
 
 import itertools
 
@@ -11,7 +11,7 @@ from lookahead_core.layout import (Draft, attention_mask, build_tree, causal_lay
 
 
 def reference_rows(window, levels, nodes):
-    """Rows as REFERENCE.md lists them: ('win', level, col) (the input token is ('win', 0, 0)), then ('node', i)."""
+    """Rows as docs/algorithm.md lists them: ('win', level, col) (the input token is ('win', 0, 0)), then ('node', i)."""
     rows = [("win", 0, 0)]
     rows += [("win", lvl, col) for lvl in range(levels) for col in range(window) if (lvl, col) != (0, 0)]
     rows += [("node", i, None) for i in range(nodes)]
@@ -32,7 +32,7 @@ def reference_position(row, parents):
 
 
 def reference_sees(q, k, parents):
-    """REFERENCE.md: level l col i sees level-0 cols 0..i and its own column in levels 1..l;
+    """docs/algorithm.md: level l col i sees level-0 cols 0..i and its own column in levels 1..l;
     a tree node sees the input token, its ancestors and itself; the window and the tree never meet."""
     if q[0] == "win" and k[0] == "win":
         _, lq, cq = q
@@ -80,7 +80,7 @@ def test_layout_matches_cell_by_cell_reference(window, levels, parents):
 
 
 def test_reference_example_w4_n3_g2():
-    """The 12x12 picture in REFERENCE.md (W=4, N=3, G=2 linear branches), typed in by hand."""
+    """The 12x12 picture in docs/algorithm.md (W=4, N=3, G=2 linear branches), typed in by hand."""
     picture = """
     #...........
     ##..........

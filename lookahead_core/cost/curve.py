@@ -8,7 +8,7 @@ where S is the step compression (tokens committed per step, a property of the mo
 the same on every device because the output is lossless) and t_step is the wall time of one step
 (the forward of ``k`` tokens, plus the decode loop's own host work). On a GPU a forward of 64 tokens
 costs about what one token costs, so any S > 1 pays; on a CPU it costs several times more
-(MODELS.md, "This CPU"), so only small steps or high acceptance pay.
+(docs/models.md, "The CPU cost curve"), so only small steps or high acceptance pay.
 
 Three pieces, each usable alone:
 
