@@ -1,4 +1,7 @@
-"""Dataset adapters read the real offline files and build the reference prompts."""
+"""Dataset adapters read the real offline files and build the reference prompts.
+
+Tests of whole-set counts need the full data and skip without it; the rest also run on the
+fixtures (tests/fixtures/data, a few items per data set)."""
 
 from __future__ import annotations
 
@@ -17,9 +20,7 @@ from experiments.data.datasets import (
 )
 from experiments.data.datasets import default_data_root as _default_data_root
 
-DATA_ROOT = _default_data_root()
-
-pytestmark = pytest.mark.skipif(not DATA_ROOT.is_dir(), reason=f"no offline data at {DATA_ROOT}")
+from conftest import DATA_ROOT, FIXTURE_DATA_ROOT, FULL_DATA, needs_full_data  # the full data when present, else tests/fixtures/data
 
 
 def test_default_data_root_is_next_to_repo(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -30,6 +31,7 @@ def test_default_data_root_is_next_to_repo(monkeypatch: pytest.MonkeyPatch) -> N
     assert _default_data_root() == Path("/somewhere/else")
 
 
+@needs_full_data("mtbench")
 def test_mtbench() -> None:
     adapter = get_dataset("mtbench")
     items = adapter.load(DATA_ROOT)
@@ -57,6 +59,7 @@ def test_mtbench_second_turn_follows_own_answer() -> None:
         adapter.build_messages(item, 1, [])
 
 
+@needs_full_data("humaneval")
 def test_humaneval_raw_prompt() -> None:
     adapter = get_dataset("humaneval")
     items = adapter.load(DATA_ROOT)
@@ -75,6 +78,7 @@ def test_humaneval_falls_back_to_installed_package(tmp_path: Path) -> None:
     assert [item.item_id for item in items] == ["HumanEval/0", "HumanEval/1"]
 
 
+@needs_full_data("mbpp")
 def test_mbpp_sanitized_test_split() -> None:
     items = get_dataset("mbpp").load(DATA_ROOT)
     assert len(items) == 257
@@ -87,6 +91,7 @@ def test_mbpp_sanitized_test_split() -> None:
     assert item.extra["test_imports"] == ["import math"]
 
 
+@needs_full_data("mbpp", variant="full")
 def test_mbpp_full_variant() -> None:
     items = get_dataset("mbpp", variant="full").load(DATA_ROOT)
     assert len(items) == 500 and items[0].item_id == "11"
@@ -96,6 +101,7 @@ def test_mbpp_full_variant() -> None:
     assert "test_setup_code" in items[0].extra
 
 
+@needs_full_data("classeval")
 def test_classeval_prompts() -> None:
     adapter = get_dataset("classeval")
     items = adapter.load(DATA_ROOT)
@@ -115,6 +121,7 @@ def test_classeval_prompts() -> None:
     assert get_dataset("classeval", prompt_format="raw").format == "raw"
 
 
+@needs_full_data("cnndm")
 def test_cnndm_lade_prompt_and_messages() -> None:
     adapter = get_dataset("cnndm")
     items = adapter.load(DATA_ROOT)
@@ -182,6 +189,19 @@ def test_offset_and_limit(name: str) -> None:
     assert adapter.load(DATA_ROOT, offset=len(everything)) == []
     with pytest.raises(ValueError):
         adapter.load(DATA_ROOT, offset=-1)
+
+
+@pytest.mark.parametrize("name", sorted(DATASETS))
+def test_fixtures_are_a_few_unchanged_items_of_the_full_data(name: str) -> None:
+    """tests/fixtures/data holds 3-5 items of every data set, loadable offline; with the full data
+    there, each is the same item as in the full set."""
+    options = [{"variant": "sanitized"}, {"variant": "full"}] if name == "mbpp" else [{}]
+    for option in options:
+        fixtures = get_dataset(name, **option).load(FIXTURE_DATA_ROOT, source="local")
+        assert 3 <= len(fixtures) <= 5, (name, option, len(fixtures))
+        if FULL_DATA:
+            full = {item.item_id: item for item in get_dataset(name, **option).load(DATA_ROOT, source="local")}
+            assert all(full[item.item_id] == item for item in fixtures), (name, option)
 
 
 def test_missing_file_names_path_and_hub_id(tmp_path: Path) -> None:
@@ -261,6 +281,7 @@ def smollm2_tokenizer():
     return load_model("smollm2_135m")[1]
 
 
+@needs_full_data("specbench")
 def test_specbench_reads_the_real_file_and_builds_each_categorys_prompt(smollm2_tokenizer) -> None:
     from experiments.job.runner import prompt_ids
     from experiments.data.datasets import PromptFormat
@@ -285,6 +306,7 @@ def test_specbench_reads_the_real_file_and_builds_each_categorys_prompt(smollm2_
                 in text
 
 
+@needs_full_data("specbench")
 def test_specbench_subsets_spread_over_categories_and_filter_them() -> None:
     adapter = get_dataset("specbench")
     spread = adapter.load(DATA_ROOT, 130, order="spread", seed=0)

