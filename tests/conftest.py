@@ -2,7 +2,7 @@
 
 ``DATA_ROOT`` is the full offline data when it exists (``$LOOKAHEAD_DATA_ROOT``, else
 ``<repo>/../shared/data``, as :func:`default_data_root` says), else the few items committed under
-``tests/fixtures/data`` (same layout; see its SOURCES.md), so that a fresh clone runs them too.
+``tests/fixtures/data`` (same layout; provenance in tests/fixtures/data/SOURCES.md), so that a fresh clone runs them too.
 Tests that need the full set (item counts, all solutions) mark themselves ``needs_full_data``.
 """
 
