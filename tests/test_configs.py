@@ -13,7 +13,6 @@ from hydra import compose, initialize_config_dir
 
 from experiments.job import runner
 
-from experiments.config import schema
 from experiments.data.datasets import default_data_root, repo_root
 from experiments.decoders.registry import DECODERS, AutoDecoder, CoreDecoder, Decoder, HFGenerate
 from experiments.config.errors import ConfigError

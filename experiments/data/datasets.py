@@ -30,11 +30,14 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol
 
+
 class PromptFormat(str, Enum):
     """How an item becomes a prompt; adapters name theirs by value (``format = "chat"``)."""
 
     chat = "chat"   # the model's chat template over the item's user turns (plain text without one)
     raw = "raw"     # the item's raw completion prompt, verbatim
+
+
 Source = Literal["auto", "local", "hub"]
 
 DATA_ROOT_ENV = "LOOKAHEAD_DATA_ROOT"

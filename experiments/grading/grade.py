@@ -9,6 +9,8 @@ from experiments.grading.metrics import extract_code, rouge_scores, truncate_at_
 from experiments.grading.sandbox import check_classeval, check_humaneval, check_mbpp
 
 SUMMARISATION = ("cnndm", "xsum")
+# The sandbox check of each code benchmark, given the item's ``extra`` and the graded code.
+CHECKS = {"humaneval": check_humaneval, "mbpp": check_mbpp, "classeval": check_classeval}
 
 
 def graded_code(dataset: str, text: str, raw_prompt: str | None = None) -> str:
@@ -31,9 +33,8 @@ def score(adapter: DatasetAdapter, item: Item, text: str, prompt_format: PromptF
     name = adapter.name
     if name in SUMMARISATION:
         return {kind: values["mean"] for kind, values in rouge_scores([text], [item.reference or ""]).items()}
-    checks = {"humaneval": check_humaneval, "mbpp": check_mbpp, "classeval": check_classeval}
-    if name in checks:
+    if name in CHECKS:
         raw = adapter.raw_prompt(item) if name == "classeval" and prompt_format is PromptFormat.raw else None
         code = graded_code(name, text, raw)
-        return {"passed": checks[name](item.extra, code, mode=mode).passed, "sandbox": mode}
+        return {"passed": CHECKS[name](item.extra, code, mode=mode).passed, "sandbox": mode}
     return {}

@@ -625,7 +625,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     if command == "profile":
         parser.set_defaults(limit=2, max_new_tokens=64, prompt_lookup=[])
         from experiments.presets.profile import profile
-        profile(parser.parse_args(argv), plan_job(parser.parse_args(argv)))
+        args = parser.parse_args(argv)
+        profile(args, plan_job(args))
     else:
         run(parser.parse_args(argv))
 

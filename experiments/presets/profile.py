@@ -76,6 +76,7 @@ def profile(args: argparse.Namespace, planned) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     settings, adapter, items = planned
     job = Job.start(settings, adapter, items)
+    job.meter.close()     # the core's own step record and cProfile time this view, not the hooks
     prompts = [job.prompt_ids(item, 0, ()) for item in items]
     eos = job.settings.limits.eos_token_ids
     limits = DecodeLimits(max_new_tokens=args.max_new_tokens, eos_token_ids=eos)
@@ -103,7 +104,6 @@ def profile(args: argparse.Namespace, planned) -> Path:
         text = io.StringIO()
         pstats.Stats(profiles[0], stream=text).sort_stats("tottime").print_stats(25)
         raw.append(f"## {decoder.name}\n\n```\n{text.getvalue()}\n```")
-    job.meter.close()
     table = pd.DataFrame(rows)
     table.to_csv(out / "profile.csv", index=False)
     transposed = table.set_index("decoder").T
