@@ -129,6 +129,19 @@ class LookaheadConfig:
         return self.window_rows + nodes
 
 
+# The paper's linear lookahead: every other ``LookaheadConfig`` field (token trees, the other draft
+# sources, budgets, costs) extends it, is named only when set (``cost.grid.config_label``) and enters
+# a results file's fingerprint only when set, so results decoded before that field existed keep
+# their names and resume.
+LINEAR_FIELDS: tuple[str, ...] = ("window", "ngram", "guess", "prompt_pool", "pool_only", "keep_pool", "seed")
+
+
+def linear_twin(config: LookaheadConfig) -> LookaheadConfig:
+    """The paper's linear branches at ``config``'s (N, W, G) and pool: only the linear fields, every
+    other field (sources, budget, costs, ...) at its default."""
+    return LookaheadConfig(**{name: getattr(config, name) for name in LINEAR_FIELDS})
+
+
 @dataclass(frozen=True)
 class SamplingConfig:
     """How the next token is chosen. ``temperature == 0`` is greedy.

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from experiments.presets import benchmark
+from lookahead_core.config import LookaheadConfig, linear_twin
 
 from experiments.job import runner
 from experiments.rows.schema import COLUMNS
@@ -229,7 +230,7 @@ def test_linear_twin_keeps_only_the_linear_fields():
 
     tree = LookaheadConfig(5, 4, 4, prompt_pool=True, tree=True, suffix=2, recycle=2, recycle_window=True,
                            depth=6, budget=24, step_costs=tuple(1.0 + 0.1 * k for k in range(24)), seed=3)
-    assert benchmark.linear_twin(tree) == LookaheadConfig(5, 4, 4, prompt_pool=True, seed=3)
+    assert linear_twin(tree) == LookaheadConfig(5, 4, 4, prompt_pool=True, seed=3)
 
 
 @needs_data

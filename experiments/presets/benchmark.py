@@ -50,7 +50,7 @@ from experiments.reporting import report
 from experiments.reporting.tables import cell, markdown
 from experiments.data.datasets import repo_root
 from experiments.config.schema import register_configs
-from lookahead_core.config import LookaheadConfig
+from lookahead_core.config import LookaheadConfig, linear_twin
 
 HF_GREEDY, CORE_GREEDY = "hf_greedy", "core_greedy"
 PAIR = ["dataset", "item_id"]
@@ -503,13 +503,6 @@ def collect(runs: Sequence[tuple[str, pd.DataFrame, pd.DataFrame]]) -> pd.DataFr
 
 
 TREE_S_GOAL = 1.15     # issue #11: a tree's S at least 15% above the same (N, W, G)'s linear branches
-
-
-def linear_twin(config: LookaheadConfig) -> LookaheadConfig:
-    """The paper's linear branches at ``config``'s (N, W, G) and pool: only the fields linear
-    lookahead has, every tree-only field (sources, budget, costs, ...) at its default."""
-    linear_fields = ("window", "ngram", "guess", "prompt_pool", "pool_only", "keep_pool", "seed")
-    return LookaheadConfig(**{name: getattr(config, name) for name in linear_fields})
 
 
 def tree_vs_linear(runs: Sequence[tuple[str, pd.DataFrame, pd.DataFrame]]) -> pd.DataFrame:
