@@ -7,7 +7,10 @@ impossible value fails with a ``ValueError`` naming the field, before any model 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+from . import sources as _sources
 
 
 def _require(ok: bool, message: str) -> None:
@@ -51,6 +54,9 @@ class LookaheadConfig:
         keeps the m best nodes that maximise expected tokens committed per cost, (1 + the sum of
         their acceptance estimates) / step_costs[rows + m - 1], from none (a greedy step) up to
         the budget; without it (empty), every step fills the budget.
+    sources: registered draft sources (``lookahead_core/sources.py``) and how many drafts of
+        ``depth`` tokens each proposes per step, as a mapping ``{name: size}`` (0 = off; stored as
+        sorted ``(name, size)`` pairs, so configs stay hashable).
     """
 
     window: int = 15
@@ -67,6 +73,7 @@ class LookaheadConfig:
     depth: int = 0
     budget: int = 0
     step_costs: tuple[float, ...] = ()
+    sources: tuple[tuple[str, int], ...] = field(default=(), metadata={"yaml": dict[str, int]})
 
     def __post_init__(self) -> None:
         _require(_is_int(self.window) and self.window >= 1, f"window (W) must be an int >= 1, got {self.window!r}")
@@ -83,8 +90,8 @@ class LookaheadConfig:
                      f"recycle_window needs recycle >= 1 and a window (pool_only=False), got recycle={self.recycle!r}, "
                      f"pool_only={self.pool_only!r}")
         if self.pool_only:
-            _require(self.guess + self.suffix + self.recycle >= 1,
-                     f"pool_only needs a draft source: guess (G), suffix or recycle >= 1, got G={self.guess!r}")
+            _require(self.guess + self.suffix + self.recycle + len(_sizes(self.sources)) >= 1,
+                     f"pool_only needs a draft source: guess (G), suffix, recycle or sources >= 1, got G={self.guess!r}")
             object.__setattr__(self, "prompt_pool", True)
         costs = self.step_costs
         _require(isinstance(costs, (tuple, list)) and all(isinstance(c, (int, float)) and not isinstance(c, bool)
@@ -95,6 +102,7 @@ class LookaheadConfig:
             _require(self.tree and self.budget and len(costs) == self.budget,
                      f"step_costs needs tree=True and one cost per step size up to the budget "
                      f"({self.budget!r}), got {len(costs)} costs")
+        object.__setattr__(self, "sources", _sizes(self.sources))
         if self.budget:
             least = self.window_rows + 1
             _require(self.budget >= least, f"budget must be 0 (no cap) or >= {least} (the input token"
@@ -106,7 +114,7 @@ class LookaheadConfig:
 
     @property
     def draft_depth(self) -> int:
-        """Depth of suffix and recycled drafts."""
+        """Depth of suffix, recycled and registered sources' drafts."""
         return self.depth or self.ngram - 1
 
     @property
@@ -120,7 +128,8 @@ class LookaheadConfig:
         sources' draft tokens."""
         if self.budget:
             return self.budget
-        nodes = self.guess * (self.ngram - 1) + self.suffix * self.draft_depth
+        nodes = (self.guess * (self.ngram - 1) + self.suffix * self.draft_depth
+                 + sum(size for _, size in self.sources) * self.draft_depth)
         width, level = self.recycle, self.recycle
         for _ in range(self.draft_depth if self.recycle else 0):
             nodes += level
@@ -129,8 +138,23 @@ class LookaheadConfig:
         return self.window_rows + nodes
 
 
+def _sizes(value) -> tuple[tuple[str, int], ...]:
+    """``sources`` as sorted (name, size) pairs of registered sources, zero sizes dropped."""
+    pairs = list(value.items()) if isinstance(value, Mapping) else list(value or ())
+    _require(all(isinstance(p, (tuple, list)) and len(p) == 2 for p in pairs),
+             f"sources must map registered source names to sizes, got {value!r}")
+    extra = sorted(name for name, kind in _sources.SOURCES.items() if kind.field is None)
+    for name, size in pairs:
+        kind = _sources.SOURCES.get(name)
+        _require(kind is None or kind.field is None, f"sources: {name!r} is built in; set {kind and kind.field}=<size>")
+        _require(kind is not None, f"sources: {name!r} is not a registered source (registered: {extra or 'none'})")
+        _require(_is_int(size) and size >= 0, f"sources: {name} must be an int >= 0, got {size!r}")
+    _require(len({name for name, _ in pairs}) == len(pairs), f"sources: a name is given twice in {value!r}")
+    return tuple(sorted((name, size) for name, size in pairs if size))
+
+
 # The paper's linear lookahead: every other ``LookaheadConfig`` field (token trees, the other draft
-# sources, budgets, costs) extends it, is named only when set (``cost.grid.config_label``) and enters
+# sources, budgets, costs) extends it, is named only when set (:func:`config_label`) and enters
 # a results file's fingerprint only when set, so results decoded before that field existed keep
 # their names and resume.
 LINEAR_FIELDS: tuple[str, ...] = ("window", "ngram", "guess", "prompt_pool", "pool_only", "keep_pool", "seed")
@@ -140,6 +164,23 @@ def linear_twin(config: LookaheadConfig) -> LookaheadConfig:
     """The paper's linear branches at ``config``'s (N, W, G) and pool: only the linear fields, every
     other field (sources, budget, costs, ...) at its default."""
     return LookaheadConfig(**{name: getattr(config, name) for name in LINEAR_FIELDS})
+
+
+def config_label(config: LookaheadConfig | None) -> str:
+    """A short name: ``greedy``, ``la_N5W15G15``, ``la_N5W15G15_pool``, ``pool_N4G3``, and for
+    token trees and the other sources ``..._tree_sfx4_rc4_d6_k8``: each registered source's label and
+    size (suffix drafts, recycled top-k with ``_rw`` for recycle_window, ...), then draft depth,
+    token budget and ``_ca`` for step_costs, each only when set. The one name of a config: decoder
+    tags in result rows, labels in reports and calibration records, results file names."""
+    if config is None:
+        return "greedy"
+    if config.pool_only:
+        parts = [f"pool_N{config.ngram}G{config.guess}"]
+    else:
+        parts = [f"la_N{config.ngram}W{config.window}G{config.guess}"] + (["pool"] if config.prompt_pool else [])
+    parts += (["tree"] if config.tree else []) + _sources.label_parts(config)
+    parts += [f"{short}{value}" for short, value in (("d", config.depth), ("k", config.budget)) if value]
+    return "_".join(parts + (["ca"] if config.step_costs else []))
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ import torch
 from .config import LookaheadConfig
 from .layout import Draft, DraftTree, build_tree, prune_tree
 from .pool import NGramPool
+from .sources import active
 from .window import JacobiWindow
 
 SUFFIX_CONTEXT = 4          # the longest context suffix SuffixSource looks up in its index
@@ -61,6 +62,9 @@ class StepOutcome:
 
 
 class DraftSource(Protocol):
+    """What the proposer asks of a source. A registered source (``lookahead_core/sources.py``) also
+    has ``from_config(config, size, context)``; its drafts' tags start with its registered name."""
+
     topk: int                              # successors per computed row ``update`` wants (0: none)
 
     def propose(self, context: Sequence[int]) -> list[Draft]: ...
@@ -110,6 +114,10 @@ class SuffixSource:
         self._ends: dict[tuple[int, ...], list[int]] = {}
         self._indexed = 0
         self._index(context)
+
+    @classmethod
+    def from_config(cls, config: LookaheadConfig, size: int, context: Sequence[int]) -> SuffixSource:
+        return cls(size, config.draft_depth, context)
 
     def _index(self, context: Sequence[int]) -> None:
         for end in range(self._indexed, len(context)):
@@ -182,6 +190,10 @@ class RecycleSource:
     def __init__(self, k: int, depth: int) -> None:
         self.topk, self.depth = k, depth
         self.successors: dict[int, list[int]] = {}
+
+    @classmethod
+    def from_config(cls, config: LookaheadConfig, size: int, context: Sequence[int]) -> RecycleSource:
+        return cls(size, config.draft_depth)
 
     def propose(self, context: Sequence[int]) -> list[Draft]:
         drafts: list[Draft] = []
@@ -319,14 +331,14 @@ class Proposer:
     @classmethod
     def from_config(cls, config: LookaheadConfig, context: Sequence[int], pool: NGramPool,
                     prompt: Sequence[int]) -> Proposer:
+        """The n-gram pool and its window (the paper's), and every registered source the config
+        turns on (``lookahead_core/sources.py``), those marked ``before_pool`` first."""
         window = JacobiWindow(config.window, config.ngram, prompt, config.seed) if config.uses_window else None
-        sources: list[DraftSource] = []
-        if config.suffix:
-            sources.append(SuffixSource(config.suffix, config.draft_depth, context))
+        registered = active(config)
+        sources: list[DraftSource] = [kind.build(config, size, context) for kind, size in registered if kind.before_pool]
         if config.guess or window is not None:
             sources.append(NGramSource(pool, window, config.prompt_pool, context))
-        if config.recycle:
-            sources.append(RecycleSource(config.recycle, config.draft_depth))
+        sources += [kind.build(config, size, context) for kind, size in registered if not kind.before_pool]
         return cls(sources, merge=config.tree, budget=config.budget, window=window,
                    recycle_window=config.recycle_window, step_costs=config.step_costs)
 

@@ -48,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lookahead_core import DecodeLimits, DecodeState, LookaheadConfig, NGramPool, decode  # noqa: E402
 from lookahead_core import cost as cm  # noqa: E402
+from lookahead_core.config import config_label  # noqa: E402
 from lookahead_core.layout import causal_layout  # noqa: E402
 from lookahead_core.model_io import CausalLM, truncate_kv  # noqa: E402
 
@@ -164,7 +165,7 @@ def time_loop(model, config: LookaheadConfig | None, prompt: list[int], steps: i
         state = DecodeState.with_pool(prefilled_pool(config.ngram, config.guess, vocab))
     stats = decode(model, prompt, config, limits, state=state).stats
     return {
-        "decoder": cm.config_label(config), "steps": stats.steps,
+        "decoder": config_label(config), "steps": stats.steps,
         "tokens_per_step": statistics.fmean(stats.step_tokens) if stats.step_tokens else 1.0,
         "ms_per_step": 1e3 * stats.decode_seconds / stats.steps,
         "model_ms_per_step": 1e3 * stats.model_seconds / stats.steps,
@@ -213,7 +214,7 @@ def project(acceptance: list[dict], events: cm.CostModel, wall: cm.CostModel, lo
     for a in acceptance:
         config, k = a["config"], a["tokens_per_step"]
         rows_kept = cm.logit_rows_for(config, round(k))
-        host = loops.get(cm.config_label(config), {}).get("host_ms_per_step", greedy["host_ms_per_step"] if greedy else 0.0) / 1e3
+        host = loops.get(config_label(config), {}).get("host_ms_per_step", greedy["host_ms_per_step"] if greedy else 0.0) / 1e3
         host0 = greedy["host_ms_per_step"] / 1e3 if greedy else 0.0
         rows.append({
             "source": a["source"], "decoder": a["decoder"], "S": a["S"], "tokens_per_step": k,
@@ -336,8 +337,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         prompt = torch.randint(0, model.config.vocab_size, (kv_length,), generator=torch.Generator().manual_seed(1)).tolist()
         loops: dict[str, dict] = {}
         for config in loop_configs:
-            say(f"{shape}: timing the loop of {cm.config_label(config)}")
-            loops[cm.config_label(config)] = time_loop(model, config, prompt, loop_steps)
+            say(f"{shape}: timing the loop of {config_label(config)}")
+            loops[config_label(config)] = time_loop(model, config, prompt, loop_steps)
             write_csv(out / f"loop_{shape}.csv", list(loops.values()))
         projection = project(acceptance, events, wall, loops)
         write_csv(out / f"projection_{shape}.csv", projection)

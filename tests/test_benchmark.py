@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from experiments.presets import benchmark
-from lookahead_core.config import LookaheadConfig, linear_twin
+from lookahead_core.config import linear_twin
 
 from experiments.job import runner
 from experiments.rows.schema import COLUMNS

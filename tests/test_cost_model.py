@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from lookahead_core import DecodeLimits, LookaheadConfig, decode
+from lookahead_core.config import config_label
 from lookahead_core.cost import (
     CostModel,
     bent_sizes,
     choose_config,
-    config_label,
     default_grid,
     logit_rows_for,
     measure_latency,

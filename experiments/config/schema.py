@@ -126,6 +126,9 @@ class RunConfig:
     # How generated code is run for pass@k: bwrap (bubblewrap, the default) or the weaker process
     # mode for machines without bubblewrap or user namespaces (see README, Sandbox).
     sandbox: str = "bwrap"
+    # Modules imported before the decoders are validated, e.g. one that registers a draft source
+    # (docs/draft_sources.md); importable from the repository root or the Python path.
+    plugins: list[str] = field(default_factory=list)
 
 
 def register_configs() -> None:

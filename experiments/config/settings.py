@@ -16,6 +16,7 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
+from importlib import import_module
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -194,8 +195,22 @@ class RunSettings:
     def results_path(self) -> Path:
         if self.results_file is not None:
             return self.results_file
-        name = f"{self.config_tag}-{self.fingerprint()}-s{self.seed}.csv"
-        return self.results_dir / self.experiment / self.model.name / name
+        return self.results_dir / self.experiment / self.model.name / f"{self.config_tag}{self._file_suffix()}"
+
+    def _file_suffix(self) -> str:
+        return f"-{self.fingerprint()}-s{self.seed}.csv"
+
+    def resuming(self) -> RunSettings:
+        """These settings under the tag of the results file they resume. The fingerprint identifies
+        a run; the tag only makes its name readable: a file named under an earlier tag
+        (``lookahead_w7_n5_g7`` before ``la_N5W7G7``) still resumes, and its new rows carry its tag
+        in their ``config`` column, as the rows already there do."""
+        path = self.results_path()
+        if self.results_file is not None or path.exists():
+            return self
+        suffix = self._file_suffix()
+        earlier = sorted(path.parent.glob(f"*{suffix}"))
+        return replace(self, config_tag=earlier[0].name[:-len(suffix)]) if earlier else self
 
 
 def _plain(value: Any) -> Any:
@@ -215,6 +230,11 @@ def to_settings(cfg: DictConfig, *, device: str | None = None) -> RunSettings:
         run: RunConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
     except OmegaConfBaseException as err:
         raise ConfigError(one_line(err)) from None
+    for module in run.plugins:
+        try:
+            import_module(module)
+        except Exception as err:                # noqa: BLE001 - any failure names the key
+            raise ConfigError(f"plugins: cannot import {module!r}: {one_line(err)}") from None
     dataset = run.dataset
     _check(_DEVICE.fullmatch(run.device) is not None, "device", "auto, cpu, mps, cuda or cuda:N", run.device)
     _check(run.repeats >= 1, "repeats", ">= 1", run.repeats)
@@ -294,7 +314,7 @@ def with_eos(settings: RunSettings, eos_token_ids: tuple[int, ...]) -> RunSettin
 
 def config_tag(baseline: Decoder, candidates: tuple[Decoder, ...], sampling: SamplingConfig, *,
                item_temperature: bool = False) -> str:
-    """A readable name of the job, e.g. ``lookahead_w15_n5_g15``, ``hf_pld+lookahead+auto`` or
+    """A readable name of the job, e.g. ``la_N5W15G15``, ``hf_pld+lookahead+auto`` or
     ``sampling_t1_k0_p1`` (``t-item`` when each item brings its own temperature)."""
     if len(candidates) > 1:
         parts = ["+".join(d.name for d in candidates)]

@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from lookahead_core import cost as cm
 from lookahead_core import decode
-from lookahead_core.config import DecodeLimits, LookaheadConfig, SamplingConfig
+from lookahead_core.config import DecodeLimits, LookaheadConfig, SamplingConfig, config_label
 from lookahead_core.drafts import DraftStats
 
 FINALISTS = 3              # configs calibrated in full after the screen
@@ -60,7 +60,7 @@ def calibrate(
             cost_aware=cost_aware,
         )
     record = {
-        "chosen": cm.config_label(chosen),
+        "chosen": config_label(chosen),
         # Every field but the seed, which the run that uses the pick supplies.
         "chosen_config": None if chosen is None else {k: v for k, v in asdict(chosen).items() if k != "seed"},
         "calibration_prompts": len(prompts),
@@ -100,8 +100,8 @@ def calibrate_batch(model, prompts: list[list[int]], limits: DecodeLimits, path:
     if "batch" in record:
         return record
     calibrated = {row["decoder"] for row in record["candidates"] if row["status"] == "calibrated"}
-    configs = {cm.config_label(c): c for c in (cm.default_grid() if grid is None else grid)
-               if cm.config_label(c) in calibrated}
+    configs = {config_label(c): c for c in (cm.default_grid() if grid is None else grid)
+               if config_label(c) in calibrated}
     alone = cm.CostModel.from_rows(record["latency"])
     costs = {1: alone, batch: cm.measure_latency(model, alone.tokens, kv_length=alone.kv_length, repeats=repeats,
                                                  batch=batch)}

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Optional
 
-from lookahead_core.config import DecodeLimits, LookaheadConfig, SamplingConfig
+from lookahead_core.config import LINEAR_FIELDS, DecodeLimits, LookaheadConfig, SamplingConfig, config_label
 
 DECODERS: dict[str, type[Decoder]] = {}
 
@@ -73,7 +73,7 @@ class Decoder:
         return cls.Params
 
     def tag(self) -> str:
-        """A readable name for result files, e.g. ``lookahead_w5_n4_g5``, ``hf_pld_k3``."""
+        """A readable name for result files, e.g. ``la_N4W5G5``, ``hf_pld_k3``."""
         return self.name
 
     def columns(self) -> dict[str, Any]:
@@ -127,9 +127,14 @@ def _core_params() -> type:
     for f in dataclasses.fields(LookaheadConfig):
         if f.name == "seed":
             continue
-        default = field(default=f.default) if f.default is not dataclasses.MISSING \
-            else field(default_factory=f.default_factory)
-        fields.append((f.name, hints[f.name], default))
+        hint = f.metadata.get("yaml", hints[f.name])     # what a yaml writes (``sources``: a mapping)
+        if hint is not hints[f.name]:
+            default = field(default_factory=typing.get_origin(hint) or hint)
+        elif f.default is not dataclasses.MISSING:
+            default = field(default=f.default)
+        else:
+            default = field(default_factory=f.default_factory)
+        fields.append((f.name, hint, default))
     return dataclasses.make_dataclass("CoreParams", fields)
 
 
@@ -162,22 +167,13 @@ class CoreDecoder(Decoder):
         super().__init__(name, params, seed)
         self.config = lookahead_config(params, seed)    # validates (ValueError names the field)
 
-    LATER_FIELDS = ("tree", "suffix", "recycle", "recycle_window", "depth", "budget", "step_costs")
+    # Every field beyond the paper's linear lookahead (trees, the other sources, budgets, costs):
+    # in the fingerprint only when set, so a field added later leaves earlier results' names alone.
+    LATER_FIELDS = tuple(f.name for f in dataclasses.fields(LookaheadConfig) if f.name not in LINEAR_FIELDS)
 
     def tag(self) -> str:
-        config = self.config
-        if config is None:
-            return self.name
-        parts = [self.name] + ([] if config.pool_only else [f"w{config.window}"]) + [f"n{config.ngram}", f"g{config.guess}"]
-        if config.tree:
-            parts.append("tree")
-        parts += [f"{short}{value}" for short, value in (("sfx", config.suffix), ("rc", config.recycle),
-                                                         ("d", config.depth), ("k", config.budget)) if value]
-        if config.step_costs:
-            parts.append("ca")
-        if config.recycle_window:
-            parts.insert(parts.index(f"rc{config.recycle}") + 1, "rw")
-        return "_".join(parts)
+        """The config's one name (``lookahead_core.config.config_label``), e.g. ``la_N5W7G7_pool_tree_sfx4_rc4_d6_k56``."""
+        return self.name if self.config is None else config_label(self.config)
 
     def columns(self) -> dict[str, Any]:
         plain = None if self.config is None else {k: v for k, v in dataclasses.asdict(self.config).items()

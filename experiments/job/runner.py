@@ -56,7 +56,7 @@ def run(cfg: DictConfig) -> Path:
 
 
 def run_job(settings: RunSettings, adapter: DatasetAdapter, items: list[Item]) -> Path:
-    settings = replace(settings, device=str(model_loader.resolve_device(settings.device)))
+    settings = replace(settings, device=str(model_loader.resolve_device(settings.device))).resuming()
     plan_keys = {item.item_id: expected_keys(adapter, item, settings) for item in items}
     store = ResultStore(settings.results_path(), plan_keys)
     # Batches are cut from the whole subset and their index (not the position in the to-do list)

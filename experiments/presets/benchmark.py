@@ -19,7 +19,7 @@ Decoders (``--configs`` are N,W,G triples, the paper's n-gram size, window and g
 * ``la_N<N>W<W>G<G>`` and ``..._pool``: lookahead, without / with the prompt pool (``--pool``);
 * ``pool_N<N>G<G>``: pool-only decoding (no Jacobi window, ``--pool-only N,G``);
 * any other core config, e.g. token trees, from ``--core`` specs of ``LookaheadConfig`` fields
-  (``--core ngram=5,window=7,guess=7,prompt_pool=1,tree=1``), named by ``cost_model.config_label``
+  (``--core ngram=5,window=7,guess=7,prompt_pool=1,tree=1``), named by ``lookahead_core.config.config_label``
   (``la_N5W7G7_pool_tree``);
 * ``auto``: the config :func:`lookahead_core.cost.choose_config` picks on calibration prompts
   that are not benchmark prompts (``--auto``; ``--predict`` also calibrates every benchmarked config).
@@ -50,7 +50,7 @@ from experiments.reporting import report
 from experiments.reporting.tables import cell, markdown
 from experiments.data.datasets import repo_root
 from experiments.config.schema import register_configs
-from lookahead_core.config import LookaheadConfig, linear_twin
+from lookahead_core.config import LookaheadConfig, config_label, linear_twin
 
 HF_GREEDY, CORE_GREEDY = "hf_greedy", "core_greedy"
 PAIR = ["dataset", "item_id"]
@@ -97,11 +97,10 @@ def parse_core(text: str) -> LookaheadConfig:
 
 
 def core_entry(config: LookaheadConfig) -> dict[str, Any]:
-    """A ``decoders`` entry running exactly ``config`` (every field), named by its cost-model label."""
-    from lookahead_core import cost as cm
-
+    """A ``decoders`` entry running exactly ``config`` (every field), named by its one name."""
     fields = {k: v for k, v in dataclasses.asdict(config).items() if k != "seed"}
-    return {"use": "lookahead", "name": cm.config_label(config), **fields}
+    fields["sources"] = dict(config.sources)
+    return {"use": "lookahead", "name": config_label(config), **fields}
 
 
 def core_decoders(configs: Sequence[tuple[int, int, int]], pool: str, pool_only: Sequence[tuple[int, int]],
@@ -281,9 +280,7 @@ def _config_from_row(row) -> Any:
 
 def summarize(df: pd.DataFrame, baseline: str = HF_GREEDY) -> pd.DataFrame:
     """One row per decoder (the baseline first): the harness's summary (experiments.reporting.report) with
-    the cost model's label, N/W/G and the ratio of summed decode time against ``core_greedy``."""
-    from lookahead_core import cost as cm
-
+    the config's label, N/W/G and the ratio of summed decode time against ``core_greedy``."""
     # One run folder is one setup (its flags are fixed by run.json and its rows file): rows resumed
     # by a later version of the code carry another config tag and settings hash, but pool with the
     # earlier ones.
@@ -299,7 +296,7 @@ def summarize(df: pd.DataFrame, baseline: str = HF_GREEDY) -> pd.DataFrame:
         first = group.iloc[0]
         config = _config_from_row(first)
         row.update(family=first["family"], N=first["N"], W=first["W"], G=first["G"], prompts=len(group),
-                   label=cm.config_label(config) if first["family"] == "core" else "",
+                   label=config_label(config) if first["family"] == "core" else "",
                    speedup_sum=row.get("speedup", 1.0) if row["decoder"] != baseline else 1.0)
         if row["decoder"] == baseline:
             row.update(speedup_median=1.0, speedup_e2e=1.0, speedup=1.0)

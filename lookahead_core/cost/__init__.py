@@ -5,19 +5,19 @@
   run's per-step record; the batch versions (``batch_latency``, ``predict_batch``).
 * ``choice``: :func:`choose_config` calibrates a grid on a few prompts and picks the predicted
   fastest (``ChoiceReport`` says why); :func:`choose_for_batch` per batch size.
-* ``grid``: the configs ``auto`` chooses among and :func:`config_label`, the one name of a config.
+* ``grid``: the configs ``auto`` chooses among (each named by ``lookahead_core.config.config_label``).
 """
 
 from .choice import Calibration, ChoiceReport, choose_config, choose_for_batch, prefilled, survey_config
 from .curve import (DEFAULT_SIZES, CostModel, batch_latency, batch_seconds, bent_sizes, logit_rows_for,
                     measure_latency, predict_batch, step_shape, upper_bound)
 from .grid import (DEFAULT_LOOKAHEAD_GRID, DEFAULT_POOL_ONLY_GRID, DEFAULT_SUFFIX_ONLY_TREES,
-                   DEFAULT_SUFFIX_TREE_BUDGETS, DEFAULT_TREE_BUDGETS, config_label, default_grid, tree_config)
+                   DEFAULT_SUFFIX_TREE_BUDGETS, DEFAULT_TREE_BUDGETS, default_grid, tree_config)
 
 __all__ = [
     "Calibration", "ChoiceReport", "CostModel", "DEFAULT_LOOKAHEAD_GRID", "DEFAULT_POOL_ONLY_GRID", "DEFAULT_SIZES",
     "DEFAULT_SUFFIX_ONLY_TREES", "DEFAULT_SUFFIX_TREE_BUDGETS", "DEFAULT_TREE_BUDGETS", "batch_latency",
-    "batch_seconds", "bent_sizes", "choose_config", "choose_for_batch", "config_label", "default_grid",
+    "batch_seconds", "bent_sizes", "choose_config", "choose_for_batch", "default_grid",
     "logit_rows_for", "measure_latency", "predict_batch", "prefilled", "step_shape", "survey_config",
     "tree_config", "upper_bound",
 ]

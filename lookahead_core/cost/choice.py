@@ -15,12 +15,12 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from ..config import DecodeLimits, LookaheadConfig, SamplingConfig
+from ..config import DecodeLimits, LookaheadConfig, SamplingConfig, config_label
 from ..decoder import DecodeState, DecodeStats, decode
 from ..drafts import DraftStats
 from ..model_io import CausalLM
 from .curve import CostModel, measure_latency, predict_batch, upper_bound
-from .grid import config_label, default_grid
+from .grid import default_grid
 
 # ---------------------------------------------------------------------------------------------
 # decoding=auto
@@ -133,6 +133,7 @@ def survey_config(grid: Sequence[LookaheadConfig]) -> LookaheadConfig | None:
     as the widest of them, fed up to their largest budget without step costs, so that every
     (tag, depth) those trees can cut by gets measured; ``None`` if the grid has no cost-aware tree.
 
+    >>> from lookahead_core.cost.grid import tree_config
     >>> deep = LookaheadConfig(window=1, ngram=4, guess=0, pool_only=True, tree=True, suffix=1, depth=16,
     ...                        budget=17, step_costs=(1.0,) * 17)
     >>> wide = replace(tree_config(8), step_costs=(1.0,) * 8)            # pool G4, 4 suffix, recycle 4, 6 deep
@@ -143,7 +144,10 @@ def survey_config(grid: Sequence[LookaheadConfig]) -> LookaheadConfig | None:
     if not trees:
         return None
     widest = {name: max(getattr(c, name) for c in trees) for name in ("ngram", "guess", "suffix", "recycle", "budget")}
-    return LookaheadConfig(window=1, pool_only=True, tree=True, depth=max(c.draft_depth for c in trees), **widest)
+    registered = {name for c in trees for name, _ in c.sources}
+    sizes = {name: max(dict(c.sources).get(name, 0) for c in trees) for name in registered}
+    return LookaheadConfig(window=1, pool_only=True, tree=True, depth=max(c.draft_depth for c in trees),
+                           sources=sizes, **widest)
 
 
 def choose_config(

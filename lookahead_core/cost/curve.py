@@ -34,6 +34,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from ..config import LookaheadConfig
+from ..sources import active
 from ..layout import causal_layout, step_layout
 from ..model_io import CausalLM, Feed, truncate_kv
 
@@ -311,7 +312,7 @@ def upper_bound(cost: CostModel, config: LookaheadConfig, host_seconds: float | 
     bare_tokens, bare_rows = step_shape(config, 0)
     bare = cost.latency(bare_tokens, bare_rows) + host
     depth = (config.ngram - 1) if config.guess else 0
-    if config.suffix or config.recycle:
+    if active(config):                          # suffix, recycled, registered: draft_depth deep
         depth = max(depth, config.draft_depth)
     if config.budget:
         depth = min(depth, config.budget - bare_tokens)

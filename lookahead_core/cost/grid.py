@@ -1,12 +1,10 @@
-"""The configs ``auto`` chooses among, and the one name each config goes by.
-
-``config_label`` is the name of a lookahead config everywhere: decoder tags in result rows, labels
-in reports and calibration records, and result file names.
-"""
+"""The configs ``auto`` chooses among: the paper's grid, pool-only, token trees, and what each
+registered draft source adds (``lookahead_core/sources.py``)."""
 
 from __future__ import annotations
 
 from ..config import LookaheadConfig
+from ..sources import SOURCES
 
 # (N, W, G) for the lookahead branch, each with and without the prompt pool, and (N, G) for
 # pool-only decoding (prompt lookup, no window: one step feeds at most 1 + G*(N-1) tokens).
@@ -42,25 +40,8 @@ def default_grid() -> list[LookaheadConfig]:
     grid += [tree_config(b, recycle=0) for b in DEFAULT_SUFFIX_TREE_BUDGETS]
     grid.append(LookaheadConfig(window=7, ngram=5, guess=7, prompt_pool=True, tree=True, suffix=4, recycle=4,
                                 depth=6, budget=LookaheadConfig(window=7, ngram=5, guess=7).max_tokens_per_step))
+    for kind in SOURCES.values():                 # registered sources add their own configs
+        if kind.grid is not None:
+            grid += [c for c in kind.grid() if c not in grid]
     return grid
-
-
-def config_label(config: LookaheadConfig | None) -> str:
-    """A short name: ``greedy``, ``la_N5W15G15``, ``la_N5W15G15_pool``, ``pool_N4G3``, and for
-    token trees and the other sources ``..._tree_sfx4_rc4_d6_k8`` (suffix drafts, recycled top-k,
-    ``_rw`` for recycle_window, draft depth, token budget, ``_ca`` for step_costs; each only when set)."""
-    if config is None:
-        return "greedy"
-    if config.pool_only:
-        label = f"pool_N{config.ngram}G{config.guess}"
-    else:
-        label = f"la_N{config.ngram}W{config.window}G{config.guess}" + ("_pool" if config.prompt_pool else "")
-    for flag, value in (("_tree", config.tree), ("_sfx", config.suffix), ("_rc", config.recycle),
-                        ("_rw", config.recycle_window), ("_d", config.depth), ("_k", config.budget),
-                        ("_ca", bool(config.step_costs))):
-        if value is True:
-            label += flag
-        elif value:
-            label += f"{flag}{value}"
-    return label
 

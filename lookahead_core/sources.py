@@ -1,0 +1,136 @@
+"""The registry of draft sources: registering a source class makes every part of the project know it.
+
+A draft source is one class with the interface of :class:`lookahead_core.drafts.DraftSource`
+(``propose(context) -> drafts``, ``update(outcome)``, ``topk``) and a classmethod
+``from_config(config, size, context)`` that builds it for one decode. Registering it
+(:func:`register_source`) is all it takes for
+
+* :class:`~lookahead_core.config.LookaheadConfig` to accept it: ``sources={"<name>": size}``
+  (0 = off), and so every core decoder's yaml (``sources: {<name>: size}``);
+* :meth:`lookahead_core.drafts.Proposer.from_config` to build it and merge its drafts into the
+  step's token tree (verification keeps the output token-identical to greedy, whatever it proposes);
+* :func:`lookahead_core.config.config_label`, the one name of a config (decoder tags, report
+  labels, results file names) to name it, ``_<label><size>``;
+* :func:`~lookahead_core.config.linear_twin` and the results fingerprint to treat it as what it is,
+  an extension of the paper's linear lookahead (left out at its default, so older results keep
+  their names);
+* ``decoding=auto``'s grid (:func:`lookahead_core.cost.grid.default_grid`) to add the configs the
+  source lists in ``grid``.
+
+``docs/draft_sources.md`` walks through an example; ``tests/test_draft_sources.py`` registers a
+toy source from the test file alone. The built-in sources are registered below (the n-gram pool
+and its Jacobi window are the paper's and the base of every config: ``N``, ``W``, ``G``). The two
+built-ins keep their own ``LookaheadConfig`` fields (``suffix``, ``recycle``: their yaml keys since
+the first results); a registered source is sized in ``LookaheadConfig.sources``.
+
+This module imports neither torch nor the source classes: a config validates and is named
+without them, and a source class given as ``"module:Class"`` is imported when a decode builds it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import import_module
+from typing import Any
+
+
+@dataclass(frozen=True)
+class SourceKind:
+    """A registered draft source.
+
+    name: its key in ``LookaheadConfig.sources`` (and the yaml) and the tag its drafts carry.
+    label: its part of ``config_label``: ``_<label><size>``.
+    factory: the class (or ``"module:Class"``) whose ``from_config(config, size, context)`` builds it.
+    field: the ``LookaheadConfig`` field holding its size (the built-ins); None: ``config.sources``.
+    before_pool: its drafts enter the tree before the n-gram pool's (the suffix source's do).
+    flags: ``(field, label)`` pairs of boolean options it owns, named ``_<label>`` when set.
+    grid: a callable returning the configs ``decoding=auto`` adds to its grid for this source.
+    """
+
+    name: str
+    label: str
+    factory: Any
+    field: str | None = None
+    before_pool: bool = False
+    flags: tuple[tuple[str, str], ...] = ()
+    grid: Callable[[], list] | None = None
+
+    def size(self, config: Any) -> int:
+        """How many drafts it proposes per step under ``config`` (0: off)."""
+        if self.field is not None:
+            return getattr(config, self.field)
+        return dict(config.sources).get(self.name, 0)
+
+    def build(self, config: Any, size: int, context: Any) -> Any:
+        factory = self.factory
+        if isinstance(factory, str):
+            module, _, name = factory.partition(":")
+            factory = getattr(import_module(module), name)
+        return factory.from_config(config, size, context)
+
+
+SOURCES: dict[str, SourceKind] = {}
+
+
+def register_source(name: str, *, label: str, grid: Callable[[], list] | None = None,
+                    before_pool: bool = False) -> Callable[[type], type]:
+    """Class decorator: registers a draft source under ``name`` (sized by ``sources={name: k}``).
+
+    >>> @register_source("echo", label="echo")
+    ... class Echo:
+    ...     topk = 0
+    ...     @classmethod
+    ...     def from_config(cls, config, size, context): return cls()
+    ...     def propose(self, context): return []
+    ...     def update(self, outcome): pass
+    >>> from lookahead_core.config import LookaheadConfig
+    >>> from lookahead_core.config import config_label
+    >>> config_label(LookaheadConfig(window=5, ngram=4, guess=5, tree=True, sources={"echo": 2}))
+    'la_N4W5G5_tree_echo2'
+    >>> unregister_source("echo")
+    """
+    def add(cls: type) -> type:
+        _add(SourceKind(name, label, cls, grid=grid, before_pool=before_pool))
+        return cls
+    return add
+
+
+def unregister_source(name: str) -> None:
+    """Removes a registered source (not a built-in)."""
+    kind = SOURCES.get(name)
+    if kind is None or kind.field is not None:
+        raise ValueError(f"{name!r} is not a registered source that can be removed")
+    del SOURCES[name]
+
+
+def _add(kind: SourceKind) -> None:
+    if not kind.name.isidentifier() or not kind.label.isidentifier():
+        raise ValueError(f"a source's name and label must be identifiers, got {kind.name!r}, {kind.label!r}")
+    taken = {k.label for k in SOURCES.values() if k.name != kind.name} | set(RESERVED_LABELS)
+    if kind.label in taken:
+        raise ValueError(f"label {kind.label!r} is taken (labels in use: {sorted(taken)})")
+    SOURCES[kind.name] = kind
+
+
+# Parts of config_label that are not a source's: the tree, draft depth, token budget, step costs.
+RESERVED_LABELS = ("tree", "d", "k", "ca", "pool")
+
+
+def active(config: Any) -> list[tuple[SourceKind, int]]:
+    """The registered sources ``config`` turns on, with their sizes, in registration order."""
+    return [(kind, kind.size(config)) for kind in SOURCES.values() if kind.size(config)]
+
+
+def label_parts(config: Any) -> list[str]:
+    """The sources' parts of ``config``'s name, e.g. ``["sfx4", "rc4", "rw"]``."""
+    parts = []
+    for kind, size in active(config):
+        parts.append(f"{kind.label}{size}")
+        parts += [label for flag, label in kind.flags if getattr(config, flag)]
+    return parts
+
+
+_add(SourceKind("suffix", "sfx", "lookahead_core.drafts:SuffixSource", field="suffix", before_pool=True))
+_add(SourceKind("recycle", "rc", "lookahead_core.drafts:RecycleSource", field="recycle",
+                flags=(("recycle_window", "rw"),)))
