@@ -11,9 +11,12 @@ import pytest
 import torch
 
 from experiments.presets import batch as batch_bench
-from experiments.data.datasets import default_data_root, get_dataset, repo_root
+from experiments.data.datasets import get_dataset, repo_root
 from lookahead_core import LookaheadConfig
 from lookahead_core import cost as cm
+from lookahead_core.config import config_label
+
+from conftest import DATA_ROOT  # the full data when present, else tests/fixtures/data
 
 POOL = LookaheadConfig(window=1, ngram=3, guess=1, pool_only=True)
 
@@ -51,15 +54,21 @@ def test_predict_batch_and_auto_per_batch_size():
     assert pick == "greedy" and predicted["pool_N3G1"] < 1
 
 
+def test_decoder_names():
+    """Drafting configs are named by config_label; the greedy decoders and the tree keep their names."""
+    assert list(batch_bench.DECODERS) == ["hf_greedy", "core_greedy", "pool_N3G1", "la_N4W5G5_pool", "tree_k6"]
+    assert batch_bench.DECODERS["pool_N3G1"] == POOL
+    for name in ("pool_N3G1", "la_N4W5G5_pool"):
+        assert config_label(batch_bench.DECODERS[name]) == name
+
+
 @pytest.fixture(scope="module")
 def bench_dir(tmp_path_factory):
-    if not default_data_root().is_dir():
-        pytest.skip("no offline data")
     threads = torch.get_num_threads()
     out = tmp_path_factory.mktemp("batch")
     batch_bench.main(["run", "--model", "tiny-llama", "--datasets", "mtbench", "humaneval", "--batch-sizes", "1", "3",
                       "--batches", "1", "--prompts", "3", "--max-new-tokens", "10", "--latency-repeats", "1",
-                      "--out", str(out)])
+                      "--data-root", str(DATA_ROOT), "--out", str(out)])
     torch.set_num_threads(threads)
     return out
 
@@ -71,7 +80,7 @@ def test_batch_bench_rows_report_and_resume(bench_dir: Path):
     items = json.loads((bench_dir / "meta.json").read_text())["items"]
     assert set(rows[rows.B == 3].composition) == {" ".join(items["mtbench"]), " ".join(items["humaneval"])}
     # Spread over MT-Bench's categories (its first items in file order are all writing).
-    categories = {item.item_id: item.extra["category"] for item in get_dataset("mtbench").load(source="local")}
+    categories = {item.item_id: item.extra["category"] for item in get_dataset("mtbench").load(DATA_ROOT, source="local")}
     assert len({categories[item] for item in items["mtbench"]}) == 3
     summary = pd.read_csv(bench_dir / "summary.csv")
     assert (summary[summary.decoder == "hf_greedy"].speedup == 1).all() and (summary.tokens_per_s > 0).all()
@@ -79,7 +88,8 @@ def test_batch_bench_rows_report_and_resume(bench_dir: Path):
     assert "Where lookahead stops paying" in text and "auto per batch size" in text
     assert (bench_dir / "speedup_vs_batch.png").stat().st_size > 0
     batch_bench.main(["run", "--model", "tiny-llama", "--datasets", "mtbench", "humaneval", "--batch-sizes", "1", "3",
-                      "--batches", "1", "--prompts", "3", "--max-new-tokens", "10", "--out", str(bench_dir)])
+                      "--batches", "1", "--prompts", "3", "--max-new-tokens", "10", "--data-root", str(DATA_ROOT),
+                      "--out", str(bench_dir)])
     assert len(pd.read_csv(bench_dir / "rows.csv")) == len(rows)            # resumed: nothing rerun
 
 

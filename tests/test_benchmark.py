@@ -18,14 +18,16 @@ from lookahead_core.config import linear_twin
 
 from experiments.job import runner
 from experiments.rows.schema import COLUMNS
-from experiments.data.datasets import default_data_root, repo_root
+from experiments.data.datasets import repo_root
+from lookahead_core import LookaheadConfig
+from lookahead_core.config import config_label
 
-needs_data = pytest.mark.skipif(not default_data_root().is_dir(), reason="no offline data")
+from conftest import DATA_ROOT, needs_full_data  # the full data when present, else tests/fixtures/data
 
 ARGS = [
     "--model", "tiny-llama", "--dataset", "mtbench", "--limit", "2", "--max-new-tokens", "12",
     "--configs", "3,3,3", "--pool", "both", "--pool-only", "3,2", "--prompt-lookup", "3", "--threads", "1",
-    "--auto", "--predict", "--calibration-prompts", "1", "--calibration-tokens", "8",
+    "--auto", "--predict", "--calibration-prompts", "1", "--calibration-tokens", "8", "--data-root", str(DATA_ROOT),
 ]  # fmt: skip
 DECODERS = ["hf_greedy", "hf_pld_k3", "core_greedy", "la_N3W3G3", "la_N3W3G3_pool", "pool_N3G2", "auto"]
 
@@ -40,8 +42,6 @@ def keep_torch_threads():
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if not default_data_root().is_dir():
-        pytest.skip("no offline data")
     out = tmp_path_factory.mktemp("bench")
     benchmark.main([*ARGS, "--out", str(out)])
     return out
@@ -51,7 +51,6 @@ def read_rows(out: Path) -> pd.DataFrame:
     return benchmark.load_rows(out / "rows.csv")
 
 
-@needs_data
 def test_rows_columns_and_lossless(run_dir: Path):
     with open(run_dir / "rows.csv", newline="") as handle:
         assert tuple(next(csv.reader(handle))) == COLUMNS      # the harness's one schema
@@ -69,7 +68,6 @@ def test_rows_columns_and_lossless(run_dir: Path):
     assert (greedy["steps"] == 11).all() and (greedy["S"] == 1.0).all()
 
 
-@needs_data
 def test_summary_table_and_cost_model_outputs(run_dir: Path):
     text = (run_dir / "summary.md").read_text()
     for name in DECODERS:
@@ -90,7 +88,6 @@ def test_summary_table_and_cost_model_outputs(run_dir: Path):
         assert (run_dir / name).stat().st_size > 0
 
 
-@needs_data
 def test_report_with_another_runs_calibration(run_dir: Path, tmp_path: Path):
     """A run of fixed configs is predicted from another run's record: configs that record never ran
     get the oracle prediction (greedy's host time), calibrated ones keep their own figures."""
@@ -115,7 +112,6 @@ def test_report_with_another_runs_calibration(run_dir: Path, tmp_path: Path):
         assert pvm.loc[name, "predicted_calibration"] == pytest.approx(own.loc[name, "predicted_calibration"])
 
 
-@needs_data
 def test_rerun_resumes(run_dir: Path):
     rows = run_dir / "rows.csv"
     before = rows.read_text()
@@ -169,6 +165,31 @@ def test_decoder_entries_and_names_parse():
             benchmark.parse_core(bad)
 
 
+def test_entry_names_are_config_labels():
+    """The preset names its decoders by config_label, the names they had when built by hand."""
+    configs = [(n, w, g) for n in (2, 3, 5) for w in (1, 4, 15) for g in (0, 1, 7)]
+    pool_only = [(n, g) for n in (2, 4) for g in (1, 3)]
+    names = [e["name"] for e in benchmark.core_decoders(configs, "both", pool_only)]
+    assert names == [f"la_N{n}W{w}G{g}" + ("_pool" if pool else "") for n, w, g in configs for pool in (False, True)] \
+        + [f"pool_N{n}G{g}" for n, g in pool_only]
+    assert names[-1] == config_label(LookaheadConfig(window=1, ngram=4, guess=3, pool_only=True))
+
+
+def test_goals_come_from_the_goals_file():
+    """conf/goals.yaml gives collect's goal columns (in the committed tables' order) and thresholds."""
+    assert [g.column for g in benchmark.load_goals(table="goals")] == ["goal_not_slower", "goal_1.3x", "goal_beats_pld"]
+    (tree,) = benchmark.load_goals(table="trees")
+    assert tree.column == "goal_S_15pct_no_more_fed" and all(g.statement for g in benchmark.load_goals())
+    not_slower, fast, beats = benchmark.load_goals(table="goals")
+    row = {"dataset": "mbpp", "auto_speedup": 1.2, "pld_speedup": None}
+    assert (not_slower.check(row), fast.check(row), beats.check(row)) == (True, False, None)
+    row = {"dataset": "mtbench", "auto_speedup": 0.9, "pld_speedup": 0.8}
+    assert (not_slower.check(row), fast.check(row), beats.check(row)) == (False, None, True)
+    assert tree.check({"dataset": "d", "S_ratio": 1.15, "fed_tree": 9.0, "fed_linear": 9.0})
+    assert not tree.check({"dataset": "d", "S_ratio": 1.5, "fed_tree": 10.0, "fed_linear": 9.0})
+    assert not tree.check({"dataset": "d", "S_ratio": 1.1, "fed_tree": 5.0, "fed_linear": 9.0})
+
+
 def test_gpu_bench_tiny_runs_on_cpu(tmp_path: Path):
     spec = importlib.util.spec_from_file_location("gpu_bench", repo_root() / "scripts" / "gpu_bench.py")
     gpu_bench = importlib.util.module_from_spec(spec)
@@ -192,7 +213,6 @@ def test_gpu_bench_tiny_runs_on_cpu(tmp_path: Path):
     assert (loops.set_index("decoder").loc["la_N5W15G15", "tokens_per_step"]) > 60   # G candidates every step
 
 
-@needs_data
 def test_collect_checks_the_goals_per_run_folder(run_dir: Path, tmp_path: Path):
     import shutil
 
@@ -233,7 +253,7 @@ def test_linear_twin_keeps_only_the_linear_fields():
     assert linear_twin(tree) == LookaheadConfig(5, 4, 4, prompt_pool=True, seed=3)
 
 
-@needs_data
+@needs_full_data("mtbench")                 # --every 10 needs questions 81 and 91, ten apart
 def test_tree_configs_and_spread_items(tmp_path: Path):
     """--core adds token-tree decoders (acceptance per source in the rows), --every spreads the
     prompts, collect pairs a windowed tree with its linear twin, and a rows.csv from before the
@@ -242,7 +262,8 @@ def test_tree_configs_and_spread_items(tmp_path: Path):
     args = ["--model", "tiny-llama", "--dataset", "mtbench", "--limit", "2", "--every", "10", "--max-new-tokens", "10",
             "--configs", "3,3,3", "--pool", "on", "--pool-only", "--prompt-lookup", "--threads", "1",
             "--core", "ngram=3,guess=2,pool_only=1,tree=1,suffix=2,recycle=2,budget=4",
-            "ngram=3,window=3,guess=3,prompt_pool=1,tree=1,suffix=2,recycle=2,recycle_window=1,budget=12", "--out", str(out)]
+            "ngram=3,window=3,guess=3,prompt_pool=1,tree=1,suffix=2,recycle=2,recycle_window=1,budget=12",
+            "--data-root", str(DATA_ROOT), "--out", str(out)]
     benchmark.main(args)
     df = read_rows(out)
     assert sorted(df["item_id"].unique()) == ["81", "91"]            # questions 81 and 91: two categories
@@ -306,11 +327,10 @@ def test_old_benchmark_rows_are_upgraded_to_the_one_schema(tmp_path: Path):
     assert table.loc["la_N3W4G4", "label"] == "la_N3W4G4" and table.loc["la_N3W4G4", "match_hf_greedy"] == 1.0
 
 
-@needs_data
 def test_profile_runs_through_the_harness_job(tmp_path: Path):
     benchmark.main(["profile", "--model", "tiny-llama", "--dataset", "mtbench", "--limit", "1", "--max-new-tokens",
                     "8", "--configs", "3,3,3", "--pool", "on", "--pool-only", "3,1", "--threads", "1",
-                    "--out", str(tmp_path)])
+                    "--data-root", str(DATA_ROOT), "--out", str(tmp_path)])
     table = pd.read_csv(tmp_path / "profile.csv").set_index("decoder")
     assert list(table.index) == ["core_greedy", "la_N3W3G3_pool", "pool_N3G1"]
     assert (table["steps"] > 0).all() and ((table["overhead_frac"] > 0) & (table["overhead_frac"] < 1)).all()

@@ -41,16 +41,19 @@ from tqdm import tqdm
 
 from lookahead_core import LookaheadConfig
 from lookahead_core import cost as cm
+from lookahead_core.config import config_label
 
 from experiments.reporting import report as harness_report
 from experiments.reporting.tables import markdown
 from experiments.presets.benchmark import compose_job, core_entry, model_overrides
 
+# The decoders by name: the two greedy ones (no config), the drafting configs named by their one
+# name (config_label: pool_N3G1, la_N4W5G5_pool), and the recycled token tree as tree_k6.
 DECODERS: dict[str, LookaheadConfig | None] = {
     "hf_greedy": None,
     "core_greedy": None,
-    "pool_N3G1": LookaheadConfig(window=1, ngram=3, guess=1, pool_only=True),
-    "la_N4W5G5_pool": LookaheadConfig(window=5, ngram=4, guess=5, prompt_pool=True),
+    **{config_label(config): config for config in (LookaheadConfig(window=1, ngram=3, guess=1, pool_only=True),
+                                                   LookaheadConfig(window=5, ngram=4, guess=5, prompt_pool=True))},
     "tree_k6": cm.tree_config(6),
 }
 BASELINE = "hf_greedy"

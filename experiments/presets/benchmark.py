@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import yaml
 from matplotlib.figure import Figure
 
 from experiments.reporting import report
@@ -111,10 +112,12 @@ def core_decoders(configs: Sequence[tuple[int, int, int]], pool: str, pool_only:
     entries = []
     for n, w, g in configs:
         for with_pool in pools:
-            entries.append({"use": "lookahead", "name": f"la_N{n}W{w}G{g}" + ("_pool" if with_pool else ""),
-                            "window": w, "ngram": n, "guess": g, "prompt_pool": with_pool})
+            name = config_label(LookaheadConfig(window=w, ngram=n, guess=g, prompt_pool=with_pool))
+            entries.append({"use": "lookahead", "name": name, "window": w, "ngram": n, "guess": g,
+                            "prompt_pool": with_pool})
     for n, g in pool_only:
-        entries.append({"use": "pool_only", "name": f"pool_N{n}G{g}", "window": 1, "ngram": n, "guess": g})
+        name = config_label(LookaheadConfig(window=1, ngram=n, guess=g, pool_only=True))
+        entries.append({"use": "pool_only", "name": name, "window": 1, "ngram": n, "guess": g})
     return entries + [core_entry(config) for config in extra]
 
 
@@ -137,7 +140,8 @@ def model_overrides(spec: str) -> list[str]:
     """The harness overrides that load ``spec``: its conf/model yaml when one has that spec
     (``smollm2_135m``), else the spec itself (``tiny-llama``, a local folder, a hub id)."""
     models = {path.stem: path for path in (repo_root() / "conf" / "model").glob("*.yaml")}
-    by_spec = {_yaml_value(path, "spec"): stem for stem, path in models.items()}
+    by_spec = {(yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("spec"): stem
+               for stem, path in models.items()}
     return [f"model={by_spec[spec]}"] if spec in by_spec else \
         [f"model.name={spec}", f"model.spec={spec}", "model.packages=[]"]
 
@@ -199,13 +203,6 @@ def plan_job(args: argparse.Namespace):
                 raise ValueError("calibration items overlap the benchmark items: use fewer --calibration-prompts "
                                  "than --every, or another --calibration-offset")
     return settings, adapter, items
-
-
-def _yaml_value(path: Path, key: str) -> str | None:
-    for line in path.read_text().splitlines():
-        if line.startswith(f"{key}:"):
-            return line.split(":", 1)[1].split("#")[0].strip()
-    return None
 
 
 def run(args: argparse.Namespace) -> Path:
@@ -287,7 +284,7 @@ def summarize(df: pd.DataFrame, baseline: str = HF_GREEDY) -> pd.DataFrame:
     df = df.assign(**{key: "+".join(dict.fromkeys(df[key].astype(str))) for key in ("config", "settings")})
     table = report.summarize(df)
     base = df[df["decoder"] == baseline]
-    base_row = report._summarize_decoder(tuple(base[report.GROUP].iloc[0]), base, base) if len(base) else None
+    base_row = report.summarize_decoder(tuple(base[report.GROUP].iloc[0]), base, base) if len(base) else None
     rows = ([base_row] if base_row else []) + table.to_dict("records")
     core = df[df["decoder"] == CORE_GREEDY][[*PAIR, "decode_s"]]
     out = []
@@ -459,7 +456,54 @@ def write_report(out: Path, calibration_path: Path | None = None) -> str:
     return text
 
 
-SPEEDUP_GOAL_DATASETS = ("humaneval", "mbpp")   # issue #5: at least 1.3x on these
+GOALS_FILE = repo_root() / "conf" / "goals.yaml"
+
+
+@dataclasses.dataclass(frozen=True)
+class Goal:
+    """One of the project's goals (``conf/goals.yaml``, which says what each field means): the
+    yes/no ``column`` it writes in the ``table`` (``goals`` or ``trees``) of ``collect``."""
+
+    name: str
+    table: str
+    column: str
+    measure: str
+    statement: str
+    threshold: float | None = None
+    beats: str | None = None
+    no_more_than: tuple[str, str] | None = None
+    datasets: tuple[str, ...] | None = None      # None: every data set
+
+    def __post_init__(self) -> None:
+        if (self.threshold is None) == (self.beats is None):
+            raise ValueError(f"goal {self.name!r}: give exactly one of threshold and beats")
+        if self.table not in ("goals", "trees"):
+            raise ValueError(f"goal {self.name!r}: table must be goals or trees, got {self.table!r}")
+
+    def check(self, row: dict[str, Any]) -> bool | None:
+        """Whether ``row`` (a row of the goal's table) meets the goal; None where it does not apply."""
+        if self.datasets is not None and row["dataset"] not in self.datasets:
+            return None
+        if self.beats is not None:
+            other = row[self.beats]
+            return None if other is None else row[self.measure] > other
+        held = row[self.measure] >= self.threshold
+        if self.no_more_than is not None:
+            low, high = self.no_more_than
+            held = held and row[low] <= row[high]
+        return held
+
+
+def load_goals(path: Path = GOALS_FILE, table: str | None = None) -> list[Goal]:
+    """The goals of ``path`` (of one ``table``, or all), in the file's order."""
+    goals = []
+    for entry in yaml.safe_load(Path(path).read_text(encoding="utf-8"))["goals"]:
+        entry = dict(entry)
+        datasets = entry.pop("datasets", "all")
+        pair = entry.pop("no_more_than", None)
+        goals.append(Goal(**entry, datasets=None if datasets == "all" else tuple(datasets),
+                          no_more_than=None if pair is None else tuple(pair)))
+    return [goal for goal in goals if table is None or goal.table == table]
 
 
 def load_runs(root: Path) -> list[tuple[str, pd.DataFrame, pd.DataFrame]]:
@@ -474,7 +518,9 @@ def load_runs(root: Path) -> list[tuple[str, pd.DataFrame, pd.DataFrame]]:
 
 def collect(runs: Sequence[tuple[str, pd.DataFrame, pd.DataFrame]]) -> pd.DataFrame:
     """One row per run folder (``load_runs``; ``run``: its name) with an auto decoder: auto's pick
-    and speedups against HF greedy and HF prompt lookup (its best k), with the issue's goals checked."""
+    and speedups against HF greedy and HF prompt lookup (its best k), with the goals of ``conf/goals.yaml``
+    (``table: goals``) checked."""
+    goals = load_goals(table="goals")
     rows = []
     for run_name, df, table in runs:
         if "auto" not in table.index or HF_GREEDY not in table.index:
@@ -492,25 +538,21 @@ def collect(runs: Sequence[tuple[str, pd.DataFrame, pd.DataFrame]]) -> pd.DataFr
             "core_greedy_speedup": table.loc[CORE_GREEDY, "speedup_sum"] if CORE_GREEDY in table.index else None,
             "match_hf_greedy": table["match_hf_greedy"].min(),
         }
-        row["goal_not_slower"] = row["auto_speedup"] >= 1.0
-        row["goal_1.3x"] = row["auto_speedup"] >= 1.3 if dataset in SPEEDUP_GOAL_DATASETS else None
-        row["goal_beats_pld"] = row["auto_speedup"] > row["pld_speedup"] if best_pld else None
+        row.update({goal.column: goal.check(row) for goal in goals})
         rows.append(row)
     return pd.DataFrame(rows)
 
 
-TREE_S_GOAL = 1.15     # issue #11: a tree's S at least 15% above the same (N, W, G)'s linear branches
-
-
 def tree_vs_linear(runs: Sequence[tuple[str, pd.DataFrame, pd.DataFrame]]) -> pd.DataFrame:
     """Every token-tree decoder with a window, of every run folder, beside the linear-branch decoder
-    of the same (N, W, G) and prompt pool on the same prompts: S, tokens fed per step, and the goal
-    (S at least 15% higher while feeding no more tokens per step); ``commit``: the code the tree's
-    rows were decoded with.
+    of the same (N, W, G) and prompt pool on the same prompts: S, tokens fed per step, and the goals
+    of ``conf/goals.yaml`` with ``table: trees`` (S at least 15% higher while feeding no more tokens
+    per step); ``commit``: the code the tree's rows were decoded with.
 
     The twin is taken from the tree's own run folder where it has one, else from another folder
     (``load_runs``) of the same model, dataset and items (S and tokens fed are deterministic under
     greedy decoding; each speedup is against its own folder's HF greedy)."""
+    goals = load_goals(table="trees")
     groups: dict[tuple, dict[tuple[str, str], tuple[Any, pd.Series, str]]] = {}
     for run_name, df, table in runs:
         key = (df["model"].iloc[0], df["dataset"].iloc[0], tuple(sorted(df["item_id"].astype(str).unique())))
@@ -538,7 +580,7 @@ def tree_vs_linear(runs: Sequence[tuple[str, pd.DataFrame, pd.DataFrame]]) -> pd
                    "fed_tree": tree["tokens_per_step"], "speedup_linear": lin["speedup_sum"],
                    "speedup_tree": tree["speedup_sum"], "match_hf_greedy": tree["match_hf_greedy"],
                    "linear_run": lin_run, "tree_run": tree_run, "commit": commit}
-            row["goal_S_15pct_no_more_fed"] = row["S_ratio"] >= TREE_S_GOAL and row["fed_tree"] <= row["fed_linear"]
+            row.update({goal.column: goal.check(row) for goal in goals})
             rows.append(row)
     return pd.DataFrame(rows)
 
@@ -552,7 +594,8 @@ def write_collection(root: Path) -> str:
     if not trees.empty:
         trees.to_csv(root / "trees.csv", index=False)
         shown = trees.copy()
-        shown["goal_S_15pct_no_more_fed"] = shown["goal_S_15pct_no_more_fed"].map({True: "yes", False: "**no**"})
+        for goal in load_goals(table="trees"):
+            shown[goal.column] = shown[goal.column].map({True: "yes", False: "**no**"})
         tree_text = ("### Token trees against linear branches at the same (N, W, G), same prompts\n\n"
                      + markdown(shown, floatfmt=".2f") + "\n")
         (root / "trees.md").write_text(tree_text, encoding="utf-8")

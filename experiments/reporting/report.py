@@ -93,11 +93,16 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
         base = group[group["baseline"].fillna(False)]
         cand = group[~group["baseline"].fillna(False)]
         for decoder in (list(dict.fromkeys(cand["decoder"])) or list(dict.fromkeys(base["decoder"]))):
-            rows.append(_summarize_decoder(keys, base, group[group["decoder"] == decoder]))
+            rows.append(summarize_decoder(keys, base, group[group["decoder"] == decoder]))
     return pd.DataFrame(rows)
 
 
-def _summarize_decoder(keys: tuple, base: pd.DataFrame, tested: pd.DataFrame) -> dict:
+def summarize_decoder(keys: tuple, base: pd.DataFrame, tested: pd.DataFrame) -> dict:
+    """One row of :func:`summarize`: the rows ``tested`` (one decoder) of the setup ``keys`` (values of
+    :data:`GROUP`), paired per item, turn and seed with the baseline rows ``base`` for speedups and
+    quality differences. Where every row of ``tested`` is a baseline row (a baseline reported on
+    itself, e.g. ``base`` passed as both), the row has no ``against``, speedup or ``_base`` keys.
+    Keys come in a fixed order; the quality ones only where the rows have those metrics."""
     row = dict(zip(GROUP, keys, strict=True))
     steps = tested["steps"].sum()
     row.update(
