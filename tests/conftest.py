@@ -34,10 +34,13 @@ def _fixture_items(dataset: str | None, options: dict[str, object]) -> str:
     return f"the fixtures have {count} {dataset} items"
 
 
-def needs_full_data(dataset: str | None = None, **options: object) -> pytest.MarkDecorator:
-    """Skip unless the full data set is there; the reason names the path and how many items the
-    fixtures have of ``dataset`` (``options`` go to its adapter, e.g. ``variant="full"``)."""
+def needs_full_data(dataset: str | None = None, *, why: str = "", **options: object) -> pytest.MarkDecorator:
+    """Skip unless the full data set is there; the reason names the path, how many items the
+    fixtures have of ``dataset`` (``options`` go to its adapter, e.g. ``variant="full"``) and
+    ``why`` the test needs more (e.g. "it runs items 81-84 by id")."""
     reason = "" if FULL_DATA else f"needs the full data set under {FULL_DATA_ROOT}; {_fixture_items(dataset, options)}"
+    if why and reason:
+        reason += f"; {why}"
     return pytest.mark.skipif(not FULL_DATA, reason=reason)
 
 

@@ -13,12 +13,14 @@ from hydra import compose, initialize_config_dir
 
 from experiments.job import runner
 
-from experiments.data.datasets import default_data_root, repo_root
+from experiments.data.datasets import repo_root
 from experiments.decoders.registry import DECODERS, AutoDecoder, CoreDecoder, Decoder, HFGenerate
 from experiments.config.errors import ConfigError
 from experiments.config.settings import RunSettings, decoding_options, load_option, to_settings
 from experiments.config.schema import register_configs
 from lookahead_core import DecodeLimits, LookaheadConfig, SamplingConfig
+
+from conftest import DATA_ROOT  # the full data when present, else tests/fixtures/data
 
 CONF = repo_root() / "conf"
 register_configs()
@@ -220,9 +222,9 @@ def test_a_bad_run_fails_in_one_line_before_torch_is_imported(overrides: list[st
     assert "torch imported: False" in done.stdout
 
 
-@pytest.mark.skipif(not default_data_root().is_dir(), reason="no offline data")
 def test_a_prompt_format_the_items_lack_fails_before_any_model_loads(tmp_path: Path) -> None:
-    cfg = compose_config("experiment=humaneval", "dataset.prompt_format=chat", f"results_dir={tmp_path}")
+    cfg = compose_config("experiment=humaneval", "dataset.prompt_format=chat", f"data_root={DATA_ROOT}",
+                         f"results_dir={tmp_path}")
     with pytest.raises(ConfigError, match=r"dataset\.prompt_format"):
         runner.run(cfg)
 

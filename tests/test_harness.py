@@ -20,10 +20,10 @@ from experiments.reporting import report
 
 from experiments.job import runner
 from experiments.rows.schema import COLUMNS
-from experiments.data.datasets import default_data_root, repo_root
+from experiments.data.datasets import repo_root
 from experiments.config.schema import register_configs
 
-pytestmark = pytest.mark.skipif(not default_data_root().is_dir(), reason="no offline data")
+from conftest import DATA_ROOT, needs_full_data  # the full data when present, else tests/fixtures/data
 
 register_configs()
 # One thread: on a busy 2-core machine, two threads make each tiny forward ~50x slower (spin waits).
@@ -47,7 +47,8 @@ def keep_torch_threads():
 
 def run(tmp_path: Path, *overrides: str, base: list[str] = TINY) -> Path:
     with initialize_config_dir(config_dir=str(repo_root() / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=[*base, f"results_dir={tmp_path / 'raw'}", *overrides])
+        cfg = compose("config", overrides=[*base, f"data_root={DATA_ROOT}", f"results_dir={tmp_path / 'raw'}",
+                                           *overrides])
     return runner.run(cfg)
 
 
@@ -106,6 +107,7 @@ def test_every_dataset_runs_and_is_scored(tmp_path: Path, experiment: str, metri
     assert df["matches_greedy"].isna().all() if sampled else df[~df["baseline"]]["matches_greedy"].all()
 
 
+@needs_full_data("mtbench", why="it runs MT-Bench items 81-84 by id")
 def test_a_crash_loses_nothing_and_a_rerun_duplicates_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     real_run_batch = runner.run_batch
     calls: list[str] = []
@@ -152,6 +154,7 @@ BATCHED = ["experiment=mtbench", "experiment.max_new_tokens=20", "baseline=hf_gr
            "decoders=[greedy,lookahead,{use:tree,budget:8}]", "dataset.limit=3"]
 
 
+@needs_full_data("mtbench", why="it batches MT-Bench items 81-83 by id")
 def test_batches_keep_a_row_per_item_record_the_batch_and_give_the_tokens_of_one_at_a_time(tmp_path: Path) -> None:
     one = run(tmp_path / "one", *BATCHED)
     two = run(tmp_path / "two", *BATCHED, "batch_size=2")
@@ -242,6 +245,7 @@ def test_cost_aware_auto_decodes_from_its_calibrations_measured_acceptance(
     assert [d == prior for later, d in priors if not later] == [True]                # the resumed item
 
 
+@needs_full_data("mtbench", why="it runs MT-Bench items 81-84 by id")
 def test_a_batched_run_resumes_redoing_only_unfinished_batches_and_writing_only_missing_rows(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     real_run_batch = runner.run_batch
@@ -311,7 +315,7 @@ def test_multirun_sweep_through_the_entry_point(tmp_path: Path) -> None:
     command = [
         sys.executable, "run.py", "-m", *TINY[:-3], "experiment=mtbench", "dataset.limit=1", "dataset.turns=1",
         "experiment.max_new_tokens=8", "decoding.window=2,3", "decoding.ngram=3", "decoding.guess=2",
-        f"results_dir={tmp_path / 'raw'}", f"hydra.sweep.dir={tmp_path / 'multirun'}",
+        f"data_root={DATA_ROOT}", f"results_dir={tmp_path / 'raw'}", f"hydra.sweep.dir={tmp_path / 'multirun'}",
     ]
     done = subprocess.run(command, cwd=repo_root(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -322,6 +326,7 @@ def test_multirun_sweep_through_the_entry_point(tmp_path: Path) -> None:
     assert (tmp_path / "report" / "scaling_mtbench_tiny_llama_lookahead.png").exists()
 
 
+@needs_full_data("mtbench", why="it calibrates on MT-Bench items 83-84 by id")
 def test_decoding_auto_calibrates_outside_the_range_and_a_rerun_reuses_the_pick(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from lookahead_core import cost as cost_model
@@ -362,6 +367,7 @@ def test_decoding_auto_calibrates_outside_the_range_and_a_rerun_reuses_the_pick(
     assert_complete(read_rows(path), items=3, turns=1)
 
 
+@needs_full_data("humaneval", why="it picks calibration items by index up to HumanEval/7")
 def test_auto_calibration_items_fall_back_before_the_range_then_in_sample(tmp_path: Path) -> None:
     from experiments.data.datasets import get_dataset
     from experiments.config.settings import to_settings
@@ -371,9 +377,9 @@ def test_auto_calibration_items_fall_back_before_the_range_then_in_sample(tmp_pa
             return to_settings(compose("config", overrides=[*TINY_MODEL, "experiment=humaneval", "decoding=auto",
                                                             *overrides]))
         adapter = get_dataset("humaneval")
-        everything = adapter.load(default_data_root())
+        everything = adapter.load(DATA_ROOT)
         last = settings(f"dataset.offset={len(everything) - 2}")
-        items = adapter.load(default_data_root(), None, len(everything) - 2)
+        items = adapter.load(DATA_ROOT, None, len(everything) - 2)
         picked = runner.calibration_items(adapter, last, items, 2)
         assert [i.item_id for i in picked] == [i.item_id for i in everything[-4:-2]]
         whole = settings()
@@ -382,6 +388,7 @@ def test_auto_calibration_items_fall_back_before_the_range_then_in_sample(tmp_pa
         assert [i.item_id for i in runner.calibration_items(adapter, whole, everything, 1, 7)] == ["HumanEval/7"]
 
 
+@needs_full_data("mtbench", why="it reads MT-Bench items 100 and 101 at offset 19")
 def test_fastchat_category_temperatures(tmp_path: Path) -> None:
     """Item 100 is roleplay (T=0.7, sampled), 101 reasoning (T=0: greedy, so lookahead == greedy)."""
     path = run(tmp_path, "experiment=mtbench", "decoding=lookahead_fastchat", "dataset.offset=19",
@@ -428,6 +435,7 @@ def test_sampling_decoders_run_against_plain_sampling(tmp_path: Path) -> None:
     assert (df["temperature"] == 1.0).all() and df["matches_greedy"].isna().all()
 
 
+@needs_full_data("mtbench", why="it runs MT-Bench items 81-83 by id")
 def test_a_job_with_three_decoders_writes_a_row_per_item_per_decoder_and_resumes(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     overrides = ["experiment=mtbench", "dataset.turns=1", "experiment.max_new_tokens=10", "baseline=hf_greedy",

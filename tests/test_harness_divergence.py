@@ -12,10 +12,11 @@ from hydra import compose, initialize_config_dir
 import lookahead_core
 from experiments.reporting import report
 from experiments.job import runner
-from experiments.data.datasets import default_data_root, repo_root
+from experiments.data.datasets import repo_root
 from experiments.config.schema import register_configs
 
-pytestmark = pytest.mark.skipif(not default_data_root().is_dir(), reason="no offline data")
+from conftest import DATA_ROOT  # the full data when present, else tests/fixtures/data
+
 register_configs()
 OVERRIDES = ["model=tiny_llama", "threads=1", "warmup=0", "decoding.window=3", "decoding.ngram=3",
              "decoding.guess=3", "experiment=mtbench", "dataset.limit=2", "dataset.turns=2",
@@ -45,7 +46,7 @@ def corrupt_lookahead(monkeypatch: pytest.MonkeyPatch, items: set[str] | None = 
 
 def run(tmp_path: Path, *extra: str) -> Path:
     with initialize_config_dir(config_dir=str(repo_root() / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=[*OVERRIDES, f"results_dir={tmp_path}", *extra])
+        cfg = compose("config", overrides=[*OVERRIDES, f"data_root={DATA_ROOT}", f"results_dir={tmp_path}", *extra])
     return runner.run(cfg)
 
 
