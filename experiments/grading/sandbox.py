@@ -23,11 +23,13 @@ nonce to another inherited descriptor only after its own code has run every chec
 record with the nonce means ``failed`` with the reason :data:`EXITED_EARLY` (``sys.exit``,
 ``os._exit``, ``SystemExit``, an ``unittest.main()`` at import, ...). ClassEval counts a test class
 only if the number of tests run equals the number its benchmark test source defines, and fails a
-program that changed the ``unittest`` framework. The remaining limit: a program that reads or edits
-the grader's own objects in its process (the nonce, the functions it calls) can still forge a
-record; the OS layer bounds everything else it can do.
+program that changed the ``unittest`` framework. **Nor the values:** a graded call must return plain
+data and leave the test's environment as it was, and ClassEval's assertions check their operands
+(``integrity.py``, loaded beside this launcher). The remaining limit: a program that reads or
+edits the grader's own objects in its process (the nonce, the functions it calls) can still forge
+a record; the OS layer bounds everything else it can do.
 
-Run as a script (``python -I sandbox.py JOB NONCE_FD RESULT_FD``) this module is the in-sandbox
+Run as a script (``python -I sandbox.pyc JOB NONCE_FD RESULT_FD``, compiled once per process) this module is the in-sandbox
 launcher; it imports only the standard library for that reason.
 """
 
@@ -362,13 +364,30 @@ def _verdict(record: dict[str, Any] | None, timed_out: bool, cpu_s: float, limit
     return "failed", EXITED_EARLY
 
 
+@functools.cache
+def _launcher_files() -> dict[str, bytes]:
+    """The launcher and ``integrity.py``, compiled once per process (``sandbox.pyc``, ``integrity.pyc``):
+    every sandboxed run then skips compiling them."""
+    import importlib.util
+    import marshal
+
+    here = Path(__file__).resolve()
+    files = {}
+    for source in (here, here.with_name("integrity.py")):
+        code = compile(source.read_bytes(), str(source), "exec", dont_inherit=True)
+        header = importlib.util.MAGIC_NUMBER + (0b01).to_bytes(4, "little") \
+            + importlib.util.source_hash(source.read_bytes())               # hash-based, unchecked
+        files[f"{source.stem}.pyc"] = header + marshal.dumps(code)
+    return files
+
+
 def _write_job(root: Path, job: Mapping[str, Any], files: Mapping[str, str] | None) -> dict[str, str]:
     """Job, launcher and program files in ``root``; returns the read-only binds ``{inside: host}``."""
     grader = root / "grader"
     grader.mkdir()
     (grader / "job.json").write_text(json.dumps(job), encoding="utf-8")
-    shutil.copyfile(__file__, grader / "sandbox.py")
-    shutil.copyfile(Path(__file__).with_name("integrity.py"), grader / "integrity.py")
+    for name, compiled in _launcher_files().items():
+        (grader / name).write_bytes(compiled)
     binds = {GRADER_DIR: str(grader)}
     for name, content in (files or {}).items():
         if Path(name).name != name or name in ("", ".", ".."):
@@ -396,7 +415,7 @@ def _command(mode: str, root: Path, binds: Mapping[str, str], limits: Limits,
         as_root = os.geteuid() == 0
         nproc = _thread_count(SANDBOX_UID if as_root else os.getuid()) + limits.max_processes
         hidden = _present_hidden_dirs()
-        launcher = [*flags, f"{GRADER_DIR}/sandbox.py", f"{GRADER_DIR}/job.json", *map(str, fds)]
+        launcher = [*flags, f"{GRADER_DIR}/sandbox.pyc", f"{GRADER_DIR}/job.json", *map(str, fds)]
         inner = bwrap_argv(launcher, limits, as_root=as_root, hidden=hidden, keep=_keep_dirs(hidden),
                            binds=binds, seccomp_fd=seccomp_fd)  # fmt: skip
         return [*prlimit_argv(limits, nproc), *inner], root, {"PATH": _SAFE_PATH}
@@ -405,7 +424,7 @@ def _command(mode: str, root: Path, binds: Mapping[str, str], limits: Limits,
     for inside, host in binds.items():
         if inside.startswith(WORK_DIR + "/"):
             shutil.copyfile(host, work / Path(inside).name)
-    launcher = [*flags, str(root / "grader" / "sandbox.py"), str(root / "grader" / "job.json"), *map(str, fds)]
+    launcher = [*flags, str(root / "grader" / "sandbox.pyc"), str(root / "grader" / "job.json"), *map(str, fds)]
     nproc = _thread_count(os.getuid()) + limits.max_processes
     return [*prlimit_argv(limits, nproc), *launcher], work, _env(str(work))
 
@@ -770,11 +789,13 @@ def _run_calls(job: Mapping[str, Any], integrity: Any) -> tuple[str, str, dict[s
 
 
 def _load_integrity() -> Any:
-    """``integrity.py`` from beside this launcher, outside ``sys.modules`` (a program's ``import``
+    """``integrity.pyc`` from beside this launcher, outside ``sys.modules`` (a program's ``import``
     does not reach it)."""
+    import importlib.machinery
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("grader_integrity", Path(__file__).with_name("integrity.py"))
+    path = str(Path(__file__).with_name("integrity.pyc"))
+    spec = importlib.util.spec_from_loader("grader_integrity", importlib.machinery.SourcelessFileLoader("grader_integrity", path))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
