@@ -23,7 +23,7 @@ import re
 import statistics
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -49,13 +49,17 @@ from experiments.models.tiny_tokenizer import ByteTokenizer
 WARMUP_TOKENS = 16
 
 
-def run(cfg: DictConfig) -> Path:
+def run(cfg: DictConfig, on_start: Callable[[Job], None] | None = None) -> Path:
     """Run the composed config; returns the CSV path. Fails on a bad config before loading anything."""
     settings, adapter, items = plan(cfg)
-    return run_job(settings, adapter, items)
+    return run_job(settings, adapter, items, on_start)
 
 
-def run_job(settings: RunSettings, adapter: DatasetAdapter, items: list[Item]) -> Path:
+def run_job(settings: RunSettings, adapter: DatasetAdapter, items: list[Item],
+            on_start: Callable[[Job], None] | None = None) -> Path:
+    """Decode and score what ``items`` still lack in the results file. ``on_start(job)`` is called
+    once the model is loaded, before the warm-up, if anything is left to decode (a preset measures
+    with the job's model there instead of loading its own)."""
     settings = replace(settings, device=str(model_loader.resolve_device(settings.device))).resuming()
     plan_keys = {item.item_id: expected_keys(adapter, item, settings) for item in items}
     store = ResultStore(settings.results_path(), plan_keys)
@@ -73,6 +77,8 @@ def run_job(settings: RunSettings, adapter: DatasetAdapter, items: list[Item]) -
         job = Job.start(settings, adapter, items)
         for decoder in settings.decoders:
             decoder.prepare(job)
+        if on_start is not None:
+            on_start(job)
         job.warm_up(todo[0][1])
         progress = Progress(len(items) - len(store.finished), label, settings.baseline.name)
         longest = 0.0

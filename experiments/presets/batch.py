@@ -12,8 +12,8 @@ A preset of the one harness (``run.py batch_size=B``): per dataset and B, a harn
 * ``pool_N3G1``, ``la_N4W5G5_pool``, ``tree_k6`` (pool + suffix + recycled token tree, 6 tokens a
   step): the same batched loop with drafts (``--decoders`` picks a subset).
 
-Method (the harness's). The model is loaded once first to measure ``t(B, k)`` (one batched forward
-of B sequences, k tokens each, after a 256-token cache) for the cost model. Then for each dataset
+Method (the harness's). The first job measures ``t(B, k)`` (one batched forward of B sequences, k
+tokens each, after a 256-token cache) for the cost model with the model it loaded. Then for each dataset
 and B the first ``--batches`` batches of B prompts (first turns; ``B = 16`` and ``--prompts 16``:
 one) are decoded by every decoder back to back after an untimed warm-up, the order rotated per
 batch: first one batch at every B (a whole curve early), then the rest. The prompts are the first
@@ -96,18 +96,15 @@ def job_config(args: argparse.Namespace, dataset: str, batch_size: int, count: i
     return compose_job(overrides, decoder_entries(names))
 
 
-def measure_costs(spec: str, batch_sizes: Sequence[int], out: Path, repeats: int) -> dict[int, cm.CostModel]:
+def measure_costs(model: object, batch_sizes: Sequence[int], out: Path, repeats: int) -> None:
+    """t(B, k) of ``model`` for every B, into ``<out>/latency_batch.csv`` (kept: a rerun reuses it)."""
     path = out / "latency_batch.csv"
     if path.exists():
-        return load_costs(path)
-    from experiments.models import loader as model_loader
-
-    model, _ = model_loader.load_model(spec, dtype="float32", device="cpu")
+        return
     rows = []
     for B in tqdm(batch_sizes, desc="t(B, k)"):
         rows += cm.measure_latency(model, LATENCY_SIZES, kv_length=256, repeats=repeats, batch=B).to_rows()
     pd.DataFrame(rows).to_csv(path, index=False)
-    return load_costs(path)
 
 
 def load_costs(path: Path) -> dict[int, cm.CostModel]:
@@ -140,11 +137,18 @@ def run(args: argparse.Namespace) -> Path:
             "torch": torch.__version__, "decoders": names, "batch_sizes": args.batch_sizes, "order": args.order,
             "seed": args.seed, "items": items}
     (out / "meta.json").write_text(json.dumps(meta, indent=1))
-    measure_costs(args.model, args.batch_sizes, out, args.latency_repeats)
+    def measure(job: runner.Job) -> None:            # with the first job's model, not a second load
+        measure_costs(job.model, args.batch_sizes, out, args.latency_repeats)
+
     for first in (True, False):                      # one batch at every B first: a whole curve early
         for (dataset, B), (one, whole) in jobs.items():
-            runner.run(one if first else whole)
+            runner.run(one if first else whole, on_start=measure)
             torch.set_num_threads(args.threads)
+    if not (out / "latency_batch.csv").exists():     # every job had resumed: nothing loaded a model
+        from experiments.models import loader as model_loader
+
+        measure_costs(model_loader.load_model(args.model, dtype="float32", device="cpu")[0], args.batch_sizes, out,
+                      args.latency_repeats)
     report(out)
     return out
 
