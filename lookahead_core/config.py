@@ -89,8 +89,9 @@ class LookaheadConfig:
             _require(self.recycle >= 1 and not self.pool_only,
                      f"recycle_window needs recycle >= 1 and a window (pool_only=False), got recycle={self.recycle!r}, "
                      f"pool_only={self.pool_only!r}")
+        object.__setattr__(self, "sources", _sizes(self.sources))
         if self.pool_only:
-            _require(self.guess + self.suffix + self.recycle + len(_sizes(self.sources)) >= 1,
+            _require(self.guess + self.suffix + self.recycle + len(self.sources) >= 1,
                      f"pool_only needs a draft source: guess (G), suffix, recycle or sources >= 1, got G={self.guess!r}")
             object.__setattr__(self, "prompt_pool", True)
         costs = self.step_costs
@@ -102,7 +103,6 @@ class LookaheadConfig:
             _require(self.tree and self.budget and len(costs) == self.budget,
                      f"step_costs needs tree=True and one cost per step size up to the budget "
                      f"({self.budget!r}), got {len(costs)} costs")
-        object.__setattr__(self, "sources", _sizes(self.sources))
         if self.budget:
             least = self.window_rows + 1
             _require(self.budget >= least, f"budget must be 0 (no cap) or >= {least} (the input token"

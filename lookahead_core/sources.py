@@ -84,8 +84,7 @@ def register_source(name: str, *, label: str, grid: Callable[[], list] | None = 
     ...     def from_config(cls, config, size, context): return cls()
     ...     def propose(self, context): return []
     ...     def update(self, outcome): pass
-    >>> from lookahead_core.config import LookaheadConfig
-    >>> from lookahead_core.config import config_label
+    >>> from lookahead_core.config import LookaheadConfig, config_label
     >>> config_label(LookaheadConfig(window=5, ngram=4, guess=5, tree=True, sources={"echo": 2}))
     'la_N4W5G5_tree_echo2'
     >>> unregister_source("echo")
@@ -119,7 +118,7 @@ RESERVED_LABELS = ("tree", "d", "k", "ca", "pool")
 
 def active(config: Any) -> list[tuple[SourceKind, int]]:
     """The registered sources ``config`` turns on, with their sizes, in registration order."""
-    return [(kind, kind.size(config)) for kind in SOURCES.values() if kind.size(config)]
+    return [(kind, size) for kind in SOURCES.values() if (size := kind.size(config))]
 
 
 def label_parts(config: Any) -> list[str]:

