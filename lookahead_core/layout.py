@@ -264,6 +264,48 @@ def causal_layout(length: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.arange(length), torch.ones(length, length, dtype=torch.bool).tril()
 
 
+def allowed(
+    b: torch.Tensor,
+    q_idx: torch.Tensor,
+    kv_idx: torch.Tensor,
+    *,
+    past: int | torch.Tensor,
+    valid: torch.Tensor,
+    position: torch.Tensor,
+    offsets: torch.Tensor | None,
+    visible: torch.Tensor | None,
+    sliding_window: int | None,
+) -> torch.Tensor:
+    """May row ``q_idx`` of sequence ``b`` attend to cache slot ``kv_idx``? The one mask rule.
+
+    Elementwise over broadcast index tensors: the dense mask evaluates it on index grids, the
+    flex_attention path as its ``mask_mod`` on the scalar indices flex passes, so the two cannot
+    drift. Cache slot j < ``past`` holds position j; sequence b's committed KV is its first
+    ``valid[b]`` slots (later ones are hidden). Slot ``past + i`` holds row i of the step, at
+    position ``position[b] + offsets[b, i]``; row r sees it where ``visible[b, r, i]``. ``offsets``
+    and ``visible`` None: the step is a causal chain (offsets 0, 1, 2, ...; lower triangle). A
+    sliding-window layer also hides every key ``sliding_window`` or more positions behind the
+    query, the rule transformers applies (``kv_idx > q_idx - sliding_window``).
+
+    Indices past the end of ``offsets``/``visible`` are clamped (flex evaluates whole blocks; the
+    cells it keeps are in range).
+    """
+    new = kv_idx - past
+    in_past = new < 0
+    if visible is None:
+        sees = torch.where(in_past, kv_idx < valid[b], new <= q_idx)
+        query_pos, key_pos = position[b] + q_idx, torch.where(in_past, kv_idx, position[b] + new)
+    else:
+        last = visible.shape[-1] - 1
+        row, col = q_idx.clamp(0, last), new.clamp(0, last)
+        sees = torch.where(in_past, kv_idx < valid[b], visible[b, row, col])
+        query_pos = position[b] + offsets[b, row]
+        key_pos = torch.where(in_past, kv_idx, position[b] + offsets[b, col])
+    if sliding_window is None:
+        return sees
+    return sees & (query_pos - key_pos < sliding_window)
+
+
 def attention_mask(
     offsets: torch.Tensor,
     visible: torch.Tensor,
@@ -275,31 +317,25 @@ def attention_mask(
     device: torch.device | str = "cpu",
     valid: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Float additive mask (B, 1, q, past_len + q): 0 where a row may attend, dtype-min elsewhere.
+    """Float additive mask (B, 1, q, past_len + q) of :func:`allowed`: 0 where a row may attend,
+    dtype-min elsewhere (eager and SDPA).
 
     One sequence: ``offsets`` (q,), ``visible`` (q, q), ``position`` an int, B = 1. A batch:
-    ``offsets`` (B, q), ``visible`` (B, q, q), ``position`` (B,), one row per sequence.
-
-    Cache slot j < past_len holds position j of every sequence. Sequence b's committed KV is its
-    first ``valid[b]`` slots (default: all ``past_len``); its later slots (padding, rows its step did
-    not keep, room other sequences use) are hidden. A sliding-window layer additionally hides every
-    key whose position is ``sliding_window`` or more behind the query, the same rule transformers
-    applies (``kv_idx > q_idx - sliding_window``).
+    ``offsets`` (B, q), ``visible`` (B, q, q), ``position`` (B,), one row per sequence. ``valid[b]``:
+    sequence b's committed KV length (default: all ``past_len`` slots).
 
     Built on ``device``: only offsets, pattern and lengths are copied there, never the
     (q, past_len + q) mask, which grows with the context.
     """
     q = offsets.shape[-1]
     offsets = offsets.reshape(-1, q).to(device)
-    visible = visible.reshape(-1, q, q).to(device)
-    blocked = torch.finfo(dtype).min
-    mask = torch.zeros(offsets.shape[0], q, past_len + q, dtype=dtype, device=device)
-    mask[:, :, past_len:].masked_fill_(~visible, blocked)
-    slots = torch.arange(past_len, device=device)
-    if valid is not None:
-        mask[:, :, :past_len].masked_fill_(slots >= valid.to(device)[:, None, None], blocked)
-    if sliding_window is not None:
-        query_pos = torch.as_tensor(position, device=device).reshape(-1, 1) + offsets           # (B, q)
-        key_pos = torch.cat([slots.expand(len(query_pos), past_len), query_pos], dim=1)        # (B, past + q)
-        mask.masked_fill_((query_pos[:, :, None] - key_pos[:, None, :]) >= sliding_window, blocked)
+    batch = offsets.shape[0]
+    position = torch.as_tensor(position, device=device).reshape(-1).expand(batch)
+    valid = torch.full((batch,), past_len, device=device) if valid is None else valid.to(device)
+    ok = allowed(
+        torch.arange(batch, device=device)[:, None, None], torch.arange(q, device=device)[None, :, None],
+        torch.arange(past_len + q, device=device)[None, None, :], past=past_len, valid=valid, position=position,
+        offsets=offsets, visible=visible.reshape(-1, q, q).to(device), sliding_window=sliding_window,
+    )
+    mask = torch.zeros(ok.shape, dtype=dtype, device=device).masked_fill_(~ok, torch.finfo(dtype).min)
     return mask[:, None]

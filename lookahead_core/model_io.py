@@ -17,17 +17,20 @@ from .inputs import vocab_size
 from .layout import attention_mask
 from .positions import position_limit
 
-SUPPORTED_ATTENTION = ("eager", "sdpa")
+SUPPORTED_ATTENTION = ("eager", "sdpa", "flex_attention")
 _FULL, _SLIDING = "full_attention", "sliding_attention"
 
 
 class CausalLM:
     """A Hugging Face causal LM seen through ``model(input_ids, position_ids, attention_mask, cache)``.
 
-    A step whose rows branch (window, several candidates) passes an explicit float 4-D mask per
-    attention type. A step that is a plain causal chain (the prefill, greedy steps, one candidate
-    and no window) passes none: the model builds its own causal mask, which lets SDPA take its
-    unmasked kernel for 1-token steps, as ``generate`` does. The cache is a plain ``DynamicCache``
+    A step whose rows branch (window, several candidates) passes an explicit mask per attention
+    type: a float 4-D mask under eager and SDPA, a flex ``BlockMask`` under flex_attention (built
+    from the same rule, :mod:`lookahead_core.flex`). A step that is a plain causal chain (the
+    prefill, greedy steps, one candidate and no window) passes none under eager and SDPA: the
+    model builds its own causal mask, which lets SDPA take its unmasked kernel for 1-token steps,
+    as ``generate`` does; under flex_attention it gets a chain ``BlockMask`` (transformers' own
+    sliding-window block mask does not compile on the CPU, see :mod:`lookahead_core.flex`). The cache is a plain ``DynamicCache``
     that keeps every position: sliding-window layers get the window from the mask (ours, or the
     model's own, built from the same positions) instead of from a cache that drops old rows, which
     keeps KV commits a simple re-index.
@@ -38,8 +41,8 @@ class CausalLM:
         attn = getattr(config, "_attn_implementation", None) or "eager"
         if attn not in SUPPORTED_ATTENTION:
             raise ValueError(
-                f"attention implementation {attn!r} takes no custom 4-D mask; load the model with "
-                f"attn_implementation in {SUPPORTED_ATTENTION}"
+                f"attention implementation {attn!r} takes no custom mask of a step's layout; load the model "
+                f"with attn_implementation in {SUPPORTED_ATTENTION}"
             )
         if getattr(config, "is_encoder_decoder", False):
             raise ValueError("encoder-decoder models are not supported; pass a causal LM")
@@ -50,6 +53,10 @@ class CausalLM:
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._keeps_logits = "logits_to_keep" in params
+        self.flex = None
+        if attn == "flex_attention":
+            from .flex import FlexMasks       # torch.nn.attention.flex_attention, only when used
+            self.flex = FlexMasks(model.device)
 
     @property
     def device(self) -> torch.device:
@@ -100,8 +107,12 @@ class CausalLM:
             offsets[b, :n] = f.offsets
             visible[b, :n, :n] = torch.ones(n, n, dtype=torch.bool).tril() if f.visible is None else f.visible
         positions = torch.tensor([f.position for f in feeds])
-        if all(f.visible is None and len(f.tokens) == q and f.position == past for f in feeds):
-            mask = None
+        chain = all(f.visible is None and len(f.tokens) == q and f.position == past for f in feeds)
+        if self.flex is not None:
+            masks = self.flex.masks(self.windows, past, positions, positions, None if chain else offsets,
+                                    None if chain else visible, q)
+        elif chain:
+            masks = None
         else:
             valid = None if bool((positions == past).all()) else positions
             masks = {
@@ -109,7 +120,7 @@ class CausalLM:
                                      device=device, valid=valid)
                 for kind, window in self.windows.items()
             }
-            mask = next(iter(masks.values())) if len(masks) == 1 else masks
+        mask = next(iter(masks.values())) if masks is not None and len(masks) == 1 else masks
         needed = torch.unique(torch.cat([f.logit_rows for f in feeds]))            # sorted, shared by the batch
         kwargs = {self._cache_kw: cache}
         if self._keeps_logits:
