@@ -114,7 +114,7 @@ _RESULTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def probe(model: torch.nn.Module | CausalLM) -> ProbeResult:
     """The probe's result for ``model``, run once per model, dtype, device and attention implementation."""
     lm = model if isinstance(model, CausalLM) else CausalLM(model)
-    key = (lm.dtype, str(lm.device), getattr(lm.model.config, "_attn_implementation", None))
+    key = (lm.dtype, str(lm.device), lm.attention)
     results = _RESULTS.setdefault(lm.model, {})
     if key not in results:
         results[key] = run_probe(lm)

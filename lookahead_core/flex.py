@@ -7,13 +7,17 @@ the ``mask_mod`` is :func:`lookahead_core.layout.allowed`, the rule the dense ma
 so the two paths cannot drift. Nothing of size rows x context is built; the committed context is
 whole blocks that need no mask.
 
-The ``mask_mod`` reads the step's offsets and pattern from buffers of a fixed capacity (rows and
-sequences rounded up to a power of two, at least one block), marked static for the compiler. The
-compiled flex kernel on the CPU (torch 2.13) fails to build (inductor ``CppCompileError``,
-"``cur_kvSplitSize0`` was not declared") when a mask reads a captured tensor whose size is
-dynamic; transformers' own sliding-window mask hits this in ``generate``. Fixed-size buffers keep
-every captured size static while the query and key lengths stay dynamic, so a run compiles once
-per capacity (a handful of times), not once per step size.
+The ``mask_mod`` reads everything that changes from step to step from tensors, so that one
+compiled kernel serves every step: the offsets and pattern from buffers of a fixed capacity (rows
+and sequences rounded up to a power of two, at least 256 rows), marked static for the compiler;
+whether the step is a causal chain (the prefill, greedy steps), and the layer's sliding window
+(full attention: a window longer than any context), from 0-d tensors. The compiled flex kernel on
+the CPU (torch 2.13) fails to build (inductor ``CppCompileError``, "``cur_kvSplitSize0`` was not
+declared") when a mask reads a captured tensor whose size is dynamic; transformers' own
+sliding-window mask hits this in ``generate``. Fixed-size buffers keep every captured size
+static while the query and key lengths stay dynamic. A run then compiles a handful of kernels
+(one-token steps, wider steps, prefills of more than two query blocks; each once static and once
+dynamic), not one per step size; a new capacity adds one.
 """
 
 from __future__ import annotations
@@ -27,18 +31,19 @@ BLOCK = 128
 
 
 def block_tables(past: int, valid: torch.Tensor, query_pos: torch.Tensor, sliding_window: int | None,
-                 block: int = BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
+                 block: int = BLOCK, min_query_blocks: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """(full, partial), each (B, query blocks, key blocks) bool, for a step of ``query_pos`` (B, q)
     rows after a cache of ``past`` slots whose first ``valid[b]`` hold sequence b's committed KV.
 
     Full: every row of the query block sees every slot of the key block (committed slots inside
     the sliding window of the block's latest row). Hidden: no row sees any slot (uncommitted
     slots, or committed ones behind the window of the block's earliest row). Partial: the rest,
-    among them every block holding the step's own rows.
+    among them every block holding the step's own rows. ``min_query_blocks``: at least that many
+    query blocks (those past the last row are never visited).
     """
     batch, q = query_pos.shape
     total = past + q
-    query_blocks, key_blocks = -(-q // block), -(-total // block)
+    query_blocks, key_blocks = max(-(-q // block), min_query_blocks), -(-total // block)
     pad = query_blocks * block - q
     padded = torch.cat([query_pos, query_pos[:, -1:].expand(batch, pad)], dim=1).view(batch, query_blocks, block)
     first, latest = padded.amin(-1)[..., None], padded.amax(-1)[..., None]          # (B, nq, 1)
@@ -50,37 +55,58 @@ def block_tables(past: int, valid: torch.Tensor, query_pos: torch.Tensor, slidin
     if sliding_window is not None:
         full = full & (latest - lo < sliding_window)
         hidden = hidden | ((hi < past) & (first - hi >= sliding_window))
-    return full.expand(batch, query_blocks, key_blocks), ~(full | hidden)
+    shape = (batch, query_blocks, key_blocks)
+    return full.expand(shape), (~(full | hidden)).expand(shape)
 
 
 def _indices(selected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Block counts (B, 1, nq) and indices (B, 1, nq, nkv), selected blocks first, as BlockMask wants."""
-    count = selected.sum(-1, dtype=torch.int32)
-    order = torch.argsort((~selected).to(torch.int8), dim=-1, stable=True).to(torch.int32)
-    return count[:, None], order[:, None]
+    """Block counts (B, 1, nq) and indices (B, 1, nq, nkv), selected blocks first, as BlockMask wants;
+    their block dimensions marked dynamic up front (they change with every context length)."""
+    count = selected.sum(-1, dtype=torch.int32)[:, None]
+    order = torch.argsort((~selected).to(torch.int8), dim=-1, stable=True).to(torch.int32)[:, None]
+    torch._dynamo.maybe_mark_dynamic(count, 2)
+    torch._dynamo.maybe_mark_dynamic(order, 2)
+    torch._dynamo.maybe_mark_dynamic(order, 3)
+    return count, order
+
+
+NO_WINDOW = 1 << 62      # full attention, as a window: longer than any context
 
 
 class FlexMasks:
-    """Builds each step's block masks on ``device``; owns the fixed-capacity buffers the masks read."""
+    """Builds each step's block masks on ``device``; owns the tensors their ``mask_mod`` reads."""
+
+    # The tensors are made outside inference mode (decode runs inside it), so that they can be
+    # rewritten in place in either mode.
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.capacity = (0, 0)            # (sequences, rows)
-        self._past = torch.zeros((), dtype=torch.long, device=device)
+        with torch.inference_mode(False):
+            self._past = torch.zeros((), dtype=torch.long, device=device)
+            self._chain = torch.zeros((), dtype=torch.bool, device=device)
+        self._windows: dict[int | None, torch.Tensor] = {}
 
     def _buffers(self, batch: int, rows: int) -> None:
         cap_b = max(self.capacity[0], 1 << (batch - 1).bit_length())
-        cap_q = max(self.capacity[1], BLOCK, 1 << (rows - 1).bit_length())
+        cap_q = max(self.capacity[1], 2 * BLOCK, 1 << (rows - 1).bit_length())
         if (cap_b, cap_q) == self.capacity:
             return
         self.capacity = (cap_b, cap_q)
         device = self.device
-        self._valid = torch.zeros(cap_b, dtype=torch.long, device=device)
-        self._position = torch.zeros(cap_b, dtype=torch.long, device=device)
-        self._offsets = torch.zeros(cap_b, cap_q, dtype=torch.long, device=device)
-        self._visible = torch.zeros(cap_b, cap_q, cap_q, dtype=torch.bool, device=device)
+        with torch.inference_mode(False):
+            self._valid = torch.zeros(cap_b, dtype=torch.long, device=device)
+            self._position = torch.zeros(cap_b, dtype=torch.long, device=device)
+            self._offsets = torch.zeros(cap_b, cap_q, dtype=torch.long, device=device)
+            self._visible = torch.zeros(cap_b, cap_q, cap_q, dtype=torch.bool, device=device)
         for buffer in (self._valid, self._position, self._offsets, self._visible):
             torch._dynamo.mark_static(buffer)
+
+    def _window(self, window: int | None) -> torch.Tensor:
+        if window not in self._windows:
+            with torch.inference_mode(False):
+                self._windows[window] = torch.tensor(NO_WINDOW if window is None else window, device=self.device)
+        return self._windows[window]
 
     def masks(self, windows: dict[str, int | None], past: int, position: torch.Tensor, valid: torch.Tensor,
               offsets: torch.Tensor | None, visible: torch.Tensor | None, rows: int) -> dict[str, BlockMask]:
@@ -91,34 +117,36 @@ class FlexMasks:
         (None: every sequence feeds a causal chain).
         """
         batch = len(position)
-        self._buffers(batch, rows)
+        chain = visible is None
+        self._buffers(batch, 1 if chain else rows)
+        device = self.device
         self._past.fill_(past)
+        self._chain.fill_(chain)
         self._valid[:batch].copy_(valid)
         self._position[:batch].copy_(position)
-        device = self.device
-        chain = visible is None
         if chain:
             query_pos = position.to(device)[:, None] + torch.arange(rows, device=device)
         else:
             self._offsets[:batch, :rows].copy_(offsets)
             self._visible[:batch, :rows, :rows].copy_(visible)
             query_pos = position.to(device)[:, None] + offsets.to(device)
+        valid = valid.to(device)
         tables = {}
         for kind, window in windows.items():
-            full, partial = block_tables(past, valid.to(device), query_pos, window)
-            tables[kind] = self._block_mask(full, partial, window, chain, rows, past + rows)
+            full, partial = block_tables(past, valid, query_pos, window, min_query_blocks=2)
+            tables[kind] = self._block_mask(full, partial, self._window(window), rows, past + rows)
         return tables
 
-    def _block_mask(self, full: torch.Tensor, partial: torch.Tensor, window: int | None, chain: bool,
-                    rows: int, total: int) -> BlockMask:
-        past, valid, position = self._past, self._valid, self._position
-        offsets, visible = (None, None) if chain else (self._offsets, self._visible)
+    def _block_mask(self, full: torch.Tensor, partial: torch.Tensor, window: torch.Tensor, rows: int,
+                    total: int) -> BlockMask:
+        past, valid, position, offsets, visible, chain = (
+            self._past, self._valid, self._position, self._offsets, self._visible, self._chain)
 
         def mask_mod(b, h, q_idx, kv_idx):
             return allowed(b, q_idx, kv_idx, past=past, valid=valid, position=position, offsets=offsets,
-                           visible=visible, sliding_window=window)
+                           visible=visible, sliding_window=window, chain=chain)
 
         partial_count, partial_index = _indices(partial)
         full_count, full_index = _indices(full)
         return BlockMask.from_kv_blocks(partial_count, partial_index, full_count, full_index, BLOCK_SIZE=BLOCK,
-                                        mask_mod=mask_mod, seq_lengths=(rows, total))
+                                        mask_mod=mask_mod, seq_lengths=(rows, total), compute_q_blocks=False)

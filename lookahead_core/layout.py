@@ -272,9 +272,10 @@ def allowed(
     past: int | torch.Tensor,
     valid: torch.Tensor,
     position: torch.Tensor,
-    offsets: torch.Tensor | None,
-    visible: torch.Tensor | None,
-    sliding_window: int | None,
+    offsets: torch.Tensor,
+    visible: torch.Tensor,
+    sliding_window: int | torch.Tensor | None,
+    chain: bool | torch.Tensor = False,
 ) -> torch.Tensor:
     """May row ``q_idx`` of sequence ``b`` attend to cache slot ``kv_idx``? The one mask rule.
 
@@ -282,28 +283,28 @@ def allowed(
     flex_attention path as its ``mask_mod`` on the scalar indices flex passes, so the two cannot
     drift. Cache slot j < ``past`` holds position j; sequence b's committed KV is its first
     ``valid[b]`` slots (later ones are hidden). Slot ``past + i`` holds row i of the step, at
-    position ``position[b] + offsets[b, i]``; row r sees it where ``visible[b, r, i]``. ``offsets``
-    and ``visible`` None: the step is a causal chain (offsets 0, 1, 2, ...; lower triangle). A
-    sliding-window layer also hides every key ``sliding_window`` or more positions behind the
-    query, the rule transformers applies (``kv_idx > q_idx - sliding_window``).
+    position ``position[b] + offsets[b, i]``; row r sees it where ``visible[b, r, i]``. ``chain``
+    (a bool, or a 0-d bool tensor the compiled flex kernel reads at run time): the step is a causal
+    chain instead (offsets 0, 1, 2, ...; the lower triangle), and ``offsets``/``visible`` are not
+    read. A sliding-window layer also hides every key ``sliding_window`` or more positions behind
+    the query, the rule transformers applies (``kv_idx > q_idx - sliding_window``).
 
-    Indices past the end of ``offsets``/``visible`` are clamped (flex evaluates whole blocks; the
-    cells it keeps are in range).
+    Indices past the end of ``offsets``/``visible`` are clamped (flex evaluates whole blocks, and a
+    chain may be longer than the buffers; the cells that count are in range).
     """
     new = kv_idx - past
     in_past = new < 0
-    if visible is None:
-        sees = torch.where(in_past, kv_idx < valid[b], new <= q_idx)
-        query_pos, key_pos = position[b] + q_idx, torch.where(in_past, kv_idx, position[b] + new)
-    else:
-        last = visible.shape[-1] - 1
-        row, col = q_idx.clamp(0, last), new.clamp(0, last)
-        sees = torch.where(in_past, kv_idx < valid[b], visible[b, row, col])
-        query_pos = position[b] + offsets[b, row]
-        key_pos = torch.where(in_past, kv_idx, position[b] + offsets[b, col])
+    last = visible.shape[-1] - 1
+    row, col = q_idx.clamp(0, last), new.clamp(0, last)
+    sees_new, query_off, key_off = visible[b, row, col], offsets[b, row], offsets[b, col]
+    if chain is not False:
+        sees_new = torch.where(chain, new <= q_idx, sees_new)
+        query_off, key_off = torch.where(chain, q_idx, query_off), torch.where(chain, new, key_off)
+    sees = torch.where(in_past, kv_idx < valid[b], sees_new)
     if sliding_window is None:
         return sees
-    return sees & (query_pos - key_pos < sliding_window)
+    key_pos = torch.where(in_past, kv_idx, position[b] + key_off)
+    return sees & (position[b] + query_off - key_pos < sliding_window)
 
 
 def attention_mask(

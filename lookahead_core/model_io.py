@@ -47,6 +47,7 @@ class CausalLM:
         if getattr(config, "is_encoder_decoder", False):
             raise ValueError("encoder-decoder models are not supported; pass a causal LM")
         self.model = model
+        self.attention = attn
         self.windows = _attention_windows(config)
         self.vocab_size = vocab_size(model)
         self.position_limit = position_limit(config)

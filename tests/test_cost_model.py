@@ -120,7 +120,7 @@ def test_upper_bound_by_hand():
 
 def test_rows_round_trip():
     cost = CostModel(tokens=(1, 2, 4), seconds=(1.0, 2.0, 3.0), seconds_one_logit=(1.0, 1.5, 2.0),
-                     host_seconds=0.01, device="cpu", kv_length=64)
+                     host_seconds=0.01, device="cpu", kv_length=64, attention="flex_attention")
     assert CostModel.from_rows(cost.to_rows()) == cost
     plain = CostModel(tokens=(1, 2), seconds=(1.0, 2.0))
     assert CostModel.from_rows(plain.to_rows()) == plain
@@ -158,7 +158,7 @@ def repetitive_prompts(vocab: int) -> list[list[int]]:
 
 def test_measure_latency_on_a_tiny_model(tiny):
     cost = measure_latency(tiny, sizes=(1, 4, 16), kv_length=8, repeats=1)
-    assert cost.tokens == (1, 4, 16) and cost.kv_length == 8
+    assert cost.tokens == (1, 4, 16) and cost.kv_length == 8 and cost.attention == "sdpa"
     assert all(s > 0 for s in cost.seconds) and all(s > 0 for s in cost.seconds_one_logit)
 
 
@@ -290,6 +290,14 @@ def test_auto_picks_greedy_when_big_forwards_are_expensive(tiny):
     assert all(c.predicted is None or c.predicted <= 1.01 for c in report.candidates)
     assert sum(c.status == "pruned" for c in report.candidates) >= 8   # hopeless configs never ran
     assert "greedy" in report.to_markdown()
+
+
+def test_a_curve_of_another_attention_implementation_is_refused(tiny):
+    """The curve belongs to the device under one attention implementation: an SDPA curve cannot
+    choose for an eager model."""
+    flat = CostModel(tokens=(1, 64), seconds=(1.0, 1.0), attention="eager")
+    with pytest.raises(ValueError, match="measured under 'eager' attention, the model runs 'sdpa'"):
+        choose_config(tiny, repetitive_prompts(tiny.config.vocab_size), DecodeLimits(8), cost_model=flat)
 
 
 def test_auto_picks_lookahead_when_big_forwards_are_free(tiny):

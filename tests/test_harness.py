@@ -93,6 +93,18 @@ def test_humaneval_rows_are_scored(tmp_path: Path) -> None:
     assert df[~df["baseline"]]["matches_greedy"].all()
 
 
+def test_a_flex_attention_job_compiles_in_its_warm_up_and_matches_greedy(tmp_path: Path, capsys) -> None:
+    """``model.attn_implementation=flex_attention``: the warm-up runs even with ``warmup=0`` and
+    its time (the compile) is reported once and recorded, apart from every item's timing."""
+    path = run(tmp_path, "experiment=humaneval", "dataset.limit=2", "experiment.max_new_tokens=16",
+               "model.attn_implementation=flex_attention", "decoders=[lookahead,tree]")
+    df = read_rows(path)
+    assert_complete(df, items=2, turns=1, decoders=3)
+    assert (df["attention"] == "flex_attention").all() and df[~df["baseline"]]["matches_greedy"].all()
+    assert df["warmup_s"].nunique() == 1 and df["warmup_s"].iloc[0] > 0
+    assert capsys.readouterr().out.count("flex_attention's compile included") == 1
+
+
 @pytest.mark.parametrize("experiment,metric", [
     ("cnndm", "rouge1"), ("xsum", "rougeL"), ("mbpp", "passed"), ("classeval", "passed"),
 ])

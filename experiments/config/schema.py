@@ -27,10 +27,11 @@ class DType(str, Enum):
 
 
 class Attention(str, Enum):
-    """Only these take the custom 4-D masks the core feeds (lookahead_core/model_io.py)."""
+    """Only these take the masks the core builds for a step (lookahead_core/model_io.py)."""
 
     sdpa = "sdpa"
     eager = "eager"
+    flex_attention = "flex_attention"
 
 
 class DataSource(str, Enum):

@@ -231,7 +231,8 @@ class Job:
         spec = settings.model
         constants = {
             "experiment": settings.experiment, "dataset": settings.dataset.name, "model": spec.name,
-            "dtype": spec.dtype.value, "device": settings.device, "config": settings.config_tag,
+            "dtype": spec.dtype.value, "device": settings.device, "attention": spec.attn_implementation.value,
+            "config": settings.config_tag,
             "settings": settings.fingerprint(), "top_k": settings.sampling.top_k, "top_p": settings.sampling.top_p,
             "seed": settings.seed, "max_new_tokens": settings.limits.max_new_tokens,
             "threads": torch.get_num_threads(), "repeats": settings.repeats, "torch": torch.__version__,
@@ -300,13 +301,20 @@ class Job:
 
     def warm_up(self, batch: Sequence[Item]) -> None:
         """Untimed short decodes of each decoder on the first turns of a batch (batch size 1: one
-        item), so the first timed batch pays no one-off costs."""
+        item), so the first timed batch pays no one-off costs. Under flex_attention at least one
+        pass runs, since it compiles the kernels; its time is reported once (``warmup_s`` on every
+        row of this job), never in an item's timing."""
         prompts = [self.prompt_ids(item, 0, ()) for item in batch]
         limits = DecodeLimits(min(WARMUP_TOKENS, self.settings.limits.max_new_tokens),
                               self.settings.limits.eos_token_ids)
-        for _ in range(self.settings.warmup):
+        flex = self.lm.attention == "flex_attention"
+        started = time.perf_counter()
+        for _ in range(max(self.settings.warmup, int(flex))):
             for decoder in self.settings.decoders:
                 self.timed(decoder, prompts, None, limits, self.sampling(batch[0]))
+        self.constants["warmup_s"] = round(time.perf_counter() - started, 3)
+        if flex:
+            print(f"warm-up {self.constants['warmup_s']:.1f} s, flex_attention's compile included (once per process)")
 
     def text(self, tokens: list[int]) -> str:
         return self.tokenizer.decode(tokens, skip_special_tokens=True)

@@ -8,14 +8,14 @@ from __future__ import annotations
 COLUMN_GROUPS: dict[str, tuple[str, ...]] = {
     "what ran": (
         "experiment", "dataset", "item_id", "category", "turn", "model", "dtype", "device",
-        "decoder", "family", "baseline", "config", "settings", "W", "N", "G", "prompt_pool", "pool_only",
+        "attention", "decoder", "family", "baseline", "config", "settings", "W", "N", "G", "prompt_pool", "pool_only",
         "prompt_lookup", "assistant", "params", "temperature", "top_k", "top_p", "seed", "max_new_tokens",
         "threads", "repeats", "order", "batch_size", "batch", "batch_items", "load_avg", "torch", "transformers",
         "git_commit",
     ),
     "how it went": (
         "prompt_tokens", "prefill_tokens", "new_tokens", "batch_new_tokens", "forwards", "steps", "S", "accepted_hist",
-        "step_tokens_mean", "step_tokens_hist", "step_log", "draft_acceptance", "prefill_s", "decode_s", "wall_s", "tokens_per_s",
+        "step_tokens_mean", "step_tokens_hist", "step_log", "draft_acceptance", "warmup_s", "prefill_s", "decode_s", "wall_s", "tokens_per_s",
         "model_s", "overhead_frac",
     ),
     "what came out": ("matches_greedy", "first_diff", "diff_margin", "diff_verdict", "rouge1", "rouge2", "rougeL",

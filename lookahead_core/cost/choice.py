@@ -169,8 +169,8 @@ def choose_config(
 ) -> tuple[LookaheadConfig | None, ChoiceReport]:
     """Pick the config of ``grid`` (default :func:`default_grid`) predicted fastest on this device.
 
-    1. Latency curve: ``cost_model``, or measured now with a KV length of the prompts' mean plus
-       half the generation budget.
+    1. Latency curve: ``cost_model`` (measured under the model's attention implementation), or
+       measured now with a KV length of the prompts' mean plus half the generation budget.
     2. Each calibration prompt is prefilled once (:func:`prefilled`); every decode below starts from
        a copy of its KV. Greedy on every calibration prompt, to measure the loop's host time per
        step.
@@ -210,6 +210,9 @@ def choose_config(
             kv_length = int(mean_prompt + limits.max_new_tokens / 2)
         say(f"measuring forward latency (KV length {kv_length})")
         cost_model = measure_latency(lm, kv_length=kv_length)
+    elif cost_model.attention != lm.attention:
+        raise ValueError(f"the latency curve was measured under {cost_model.attention!r} attention, the model "
+                         f"runs {lm.attention!r}: the curve is the device's under one attention implementation")
 
     say("calibrating greedy")
     decode(lm, calibration_prompts[0], None, replace(limits, max_new_tokens=min(8, limits.max_new_tokens)))  # warm-up

@@ -112,6 +112,7 @@ class CostModel:
     device: str = "cpu"
     kv_length: int = 0
     batch: int = 1               # sequences per forward
+    attention: str = "sdpa"      # the model's attention implementation: part of the device's curve
 
     def __post_init__(self) -> None:
         if not self.tokens or self.tokens[0] != 1 or list(self.tokens) != sorted(set(self.tokens)):
@@ -190,7 +191,7 @@ class CostModel:
         ones = self.seconds_one_logit or (None,) * len(self.tokens)
         return [{"tokens": k, "seconds": s, "seconds_one_logit": o, "ratio": s / self.seconds[0],
                  "host_seconds": self.host_seconds, "device": self.device, "kv_length": self.kv_length,
-                 "batch": self.batch}
+                 "batch": self.batch, "attention": self.attention}
                 for k, s, o in zip(self.tokens, self.seconds, ones)]
 
     @classmethod
@@ -206,6 +207,7 @@ class CostModel:
             device=str(rows[0].get("device") or "cpu"),
             kv_length=int(rows[0].get("kv_length") or 0),
             batch=int(rows[0].get("batch") or 1),
+            attention=str(rows[0].get("attention") or "sdpa"),
         )
 
 
@@ -291,7 +293,8 @@ def measure_latency(
                       "(load inflated t(1), or the curve is flat within timing noise, as on GPUs and tiny "
                       "models; predictions from this curve favour those sizes)",
                       RuntimeWarning, stacklevel=2)
-    return CostModel(tuple(sizes), full, ones, device=str(lm.device), kv_length=past, batch=batch)
+    return CostModel(tuple(sizes), full, ones, device=str(lm.device), kv_length=past, batch=batch,
+                     attention=lm.attention)
 
 
 def bent_sizes(sizes: Sequence[int], seconds: Sequence[float], tolerance: float = 0.02) -> list[int]:
