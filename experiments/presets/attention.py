@@ -1,0 +1,200 @@
+"""Per-step latency against tokens fed under eager, SDPA and flex_attention: what the attention
+implementation costs one step on this device.
+
+    python -m experiments.presets.attention --model smollm2_135m --kv 512 2048 --threads 1 \\
+        --out results/attention
+
+Method. The three implementations load the same weights (one model each). For each KV length,
+each builds a cache of that many random tokens once. A step of k tokens is fed in two shapes, the
+cache cut back after each:
+
+* ``chain``: a causal chain (greedy, one-candidate steps); eager and SDPA let the model build its
+  causal mask (SDPA's unmasked kernel), flex gets the core's chain ``BlockMask``;
+* ``tree``: a branching token tree of k - 1 nodes under the input token (a fixed random tree),
+  the core's dense float mask under eager and SDPA, its ``BlockMask`` under flex; the logits of
+  the rows a tree step keeps.
+
+Flex compiles first: every (KV, k, shape) once, untimed; that time is reported as
+``compile_s``. Then ``--rounds`` rounds: in each, every (KV, k, shape) visits the three
+implementations in an order rotated per round, so none always runs first. ``rows.csv`` has every
+timed forward; the tables give the median over rounds (and its ratio to SDPA) per size. Rounds
+already in ``rows.csv`` are kept and a rerun adds the missing ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+import torch
+from matplotlib.figure import Figure
+from tqdm import tqdm
+
+from lookahead_core.layout import causal_layout, step_layout
+from lookahead_core.model_io import CausalLM, truncate_kv
+
+from experiments.models import loader as model_loader
+from experiments.presets.batch import cpu_model
+from experiments.reporting.tables import markdown
+from experiments.data.datasets import repo_root
+from experiments.job.runner import git_commit
+
+IMPLEMENTATIONS = ("eager", "sdpa", "flex_attention")
+SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+SHAPES = ("chain", "tree")
+
+
+def tree_parents(nodes: int, seed: int = 0) -> tuple[int, ...]:
+    """A fixed random tree of ``nodes`` nodes (each node's parent an earlier node or the input token)."""
+    rng = random.Random(seed)
+    return tuple(rng.randrange(max(-1, i - 8), i) for i in range(nodes))
+
+
+class Bench:
+    """One implementation's model and its caches per KV length."""
+
+    def __init__(self, model: torch.nn.Module, kv_lengths: Sequence[int], seed: int = 0) -> None:
+        self.lm = CausalLM(model)
+        vocab = model.config.vocab_size
+        gen = torch.Generator().manual_seed(seed)
+        self.caches = {}
+        with torch.inference_mode():
+            for kv in kv_lengths:
+                cache = self.lm.new_cache()
+                prefix = torch.randint(0, vocab, (kv,), generator=gen).tolist()
+                offsets, _ = causal_layout(kv)
+                self.lm.forward(cache, prefix, offsets, None, 0, torch.tensor([kv - 1]))
+                self.caches[kv] = cache
+        self.tokens = torch.randint(0, vocab, (max(SIZES),), generator=gen).tolist()
+
+    @torch.inference_mode()
+    def step(self, kv: int, k: int, shape: str) -> float:
+        cache = self.caches[kv]
+        if shape == "chain":
+            offsets, visible, rows = torch.arange(k), None, torch.tensor([k - 1])
+        else:
+            layout = step_layout(0, 0, tree_parents(k - 1))
+            offsets, visible, rows = layout.offsets, layout.visible, layout.logit_rows
+        start = time.perf_counter()
+        self.lm.forward(cache, self.tokens[:k], offsets, visible, kv, rows)
+        seconds = time.perf_counter() - start
+        truncate_kv(cache, kv)
+        return seconds
+
+
+def measure(args: argparse.Namespace, out: Path) -> None:
+    torch.set_num_threads(args.threads)
+    path = out / "rows.csv"
+    done = pd.read_csv(path) if path.exists() else pd.DataFrame(columns=["round"])
+    rounds = [r for r in range(args.rounds) if r not in set(done["round"])]
+    if not rounds:
+        print(f"{path}: all {args.rounds} rounds measured")
+        return
+    benches = {}
+    for attention in IMPLEMENTATIONS:
+        model, _ = model_loader.load_model(args.model, dtype="float32", attn_implementation=attention)
+        benches[attention] = Bench(model, args.kv)
+    cells = [(kv, k, shape) for kv in args.kv for k in args.sizes for shape in SHAPES]
+    started = time.perf_counter()
+    for kv, k, shape in tqdm(cells, desc="flex_attention compile (untimed)"):
+        benches["flex_attention"].step(kv, k, shape)
+    compile_s = time.perf_counter() - started
+    for attention in ("eager", "sdpa"):                               # their one-off costs, untimed
+        for kv, k, shape in cells:
+            benches[attention].step(kv, k, shape)
+    meta_path = out / "meta.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    meta.setdefault("compile_s", []).append(round(compile_s, 1))
+    meta.update(model=args.model, threads=args.threads, kv=list(args.kv), sizes=list(args.sizes),
+                cpu=cpu_model(), avx512=_avx512(), torch=torch.__version__,
+                transformers=__import__("transformers").__version__, git_commit=git_commit(repo_root()),
+                date=time.strftime("%Y-%m-%d"))
+    meta_path.write_text(json.dumps(meta, indent=1) + "\n")
+    progress = tqdm(total=len(rounds) * len(cells) * len(IMPLEMENTATIONS), desc="timed forwards")
+    for r in rounds:
+        rows = []
+        order = list(IMPLEMENTATIONS)
+        for index, (kv, k, shape) in enumerate(cells):
+            shift = (r + index) % len(order)
+            for attention in order[shift:] + order[:shift]:
+                rows.append({"round": r, "attention": attention, "kv": kv, "k": k, "shape": shape,
+                             "seconds": benches[attention].step(kv, k, shape), "load_avg": os.getloadavg()[0]})
+                progress.update()
+        pd.DataFrame(rows).to_csv(path, mode="a", header=not path.exists(), index=False)   # a round at a time
+    progress.close()
+
+
+def _avx512() -> bool:
+    try:
+        return "avx512f" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+
+
+def tables(rows: pd.DataFrame) -> pd.DataFrame:
+    """Median ms per (kv, shape, k) and implementation, with each one's ratio to SDPA."""
+    median = rows.groupby(["kv", "shape", "k", "attention"])["seconds"].median().unstack("attention") * 1e3
+    out = median.reindex(columns=list(IMPLEMENTATIONS)).round(2)
+    for attention in ("eager", "flex_attention"):
+        out[f"{attention}/sdpa"] = (median[attention] / median["sdpa"]).round(2)
+    return out.reset_index()
+
+
+def report(out: Path) -> str:
+    rows = pd.read_csv(out / "rows.csv")
+    meta = json.loads((out / "meta.json").read_text())
+    table = tables(rows)
+    parts = [f"Model {meta['model']}, fp32, {meta['threads']} thread(s), {meta['cpu']} (AVX-512: {meta['avx512']}), "
+             f"torch {meta['torch']}, transformers {meta['transformers']}, commit {meta['git_commit'][:7]}, "
+             f"{meta['date']}. {rows['round'].nunique()} rounds, median ms per forward; flex compile "
+             f"{', '.join(f'{c:.0f}' for c in meta['compile_s'])} s (per process, untimed)."]
+    for (kv, shape), group in table.groupby(["kv", "shape"]):
+        parts.append(f"### KV {kv}, {shape} steps\n\n" + markdown(group.drop(columns=["kv", "shape"])))
+    text = "\n\n".join(parts) + "\n"
+    (out / "summary.md").write_text(text)
+    plot(table, out / "latency.png")
+    return text
+
+
+def plot(table: pd.DataFrame, path: Path) -> None:
+    kvs = sorted(table["kv"].unique())
+    fig = Figure(figsize=(5 * len(kvs), 4))
+    for i, kv in enumerate(kvs):
+        ax = fig.add_subplot(1, len(kvs), i + 1)
+        for shape, style in zip(SHAPES, ("--", "-")):
+            part = table[(table["kv"] == kv) & (table["shape"] == shape)]
+            for attention in IMPLEMENTATIONS:
+                ax.plot(part["k"], part[attention], style, marker="o", markersize=3, label=f"{attention} ({shape})")
+        ax.set(xscale="log", yscale="log", xlabel="tokens fed per step (k)", ylabel="ms per forward",
+               title=f"KV {kv}")
+        ax.grid(True, which="both", alpha=0.3)
+    fig.axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="smollm2_135m")
+    parser.add_argument("--kv", nargs="*", type=int, default=[512, 2048])
+    parser.add_argument("--sizes", nargs="*", type=int, default=list(SIZES))
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", default="results/attention")
+    parser.add_argument("--report-only", action="store_true")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if not args.report_only:
+        measure(args, out)
+    print(report(out))
+
+
+if __name__ == "__main__":
+    main()
