@@ -23,6 +23,11 @@ With ``--batch-rows`` (``experiments.presets.batch`` rows), also t(B, k) for eac
 the speedup over batched greedy per (dataset, decoder, B), from each batch's per-sequence step
 records (``cost_model.predict_batch``).
 
+With ``--flex-shapes`` (default: the first shape), the same weights are loaded again under
+``attn_implementation="flex_attention"`` (the core's block masks instead of a dense mask): after an
+untimed warm-up that compiles the kernels (``compile_s``), the core-path curve (2.) and the loop (3.)
+again, beside SDPA's.
+
 Projections printed and written per config: ``S * t(1)/t(k)`` with k the mean tokens per step of
 the real-model run (forward only, events), and the same with the loop's measured host time per step
 added to both sides. Results are written to ``--out`` as they are measured; runtime on an H200 is
@@ -70,12 +75,13 @@ def say(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
-def build_model(shape: str, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
-    """Random weights of the real shape, allocated and initialised on ``device``."""
+def build_model(shape: str, device: torch.device, dtype: torch.dtype, attention: str = "sdpa") -> torch.nn.Module:
+    """Random weights of the real shape, allocated and initialised on ``device`` (the same weights for
+    every ``attention`` implementation)."""
     config = LlamaConfig(**SHAPES[shape], max_position_embeddings=4096, rms_norm_eps=1e-5,
                          pad_token_id=0, bos_token_id=1, eos_token_id=None, tie_word_embeddings=False)
     with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attention)
     return model.eval()
 
 
@@ -255,6 +261,40 @@ def project_batches(batches: dict[tuple[str, str, int, int], dict], costs: dict[
             for (d, n, B), v in sorted(groups.items())]
 
 
+def flex_section(shape: str, device: torch.device, dtype: torch.dtype, sizes: Sequence[int], kv_length: int,
+                 repeats: int, loop_configs: list, prompt: list[int], loop_steps: int, sdpa_wall: cm.CostModel,
+                 sdpa_loops: dict[str, dict], out: Path) -> str:
+    """The core-path curve and the decode loop again under flex_attention, after its compile."""
+    started = time.perf_counter()
+    torch.manual_seed(0)
+    model = build_model(shape, device, dtype, "flex_attention")
+    say(f"{shape}: flex_attention: compiling (a decode of every loop config, untimed)")
+    compile_started = time.perf_counter()
+    for config in loop_configs:
+        time_loop(model, config, prompt, 4)
+    cm.measure_latency(model, sizes, kv_length=kv_length, repeats=1)
+    compile_s = time.perf_counter() - compile_started
+    wall = cm.measure_latency(model, sizes, kv_length=kv_length, repeats=max(2, repeats // 2))
+    write_csv(out / f"latency_core_{shape}_flex.csv", wall.to_rows())
+    loops = {}
+    for config in loop_configs:
+        loops[config_label(config)] = time_loop(model, config, prompt, loop_steps)
+    write_csv(out / f"loop_{shape}_flex.csv", list(loops.values()))
+    del model
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    say(f"{shape}: flex_attention done in {time.perf_counter() - started:.0f} s (compile {compile_s:.0f} s)")
+    curve = [{"k": k, "sdpa ms": 1e3 * sdpa_wall.latency(k), "flex ms": 1e3 * wall.latency(k),
+              "flex/sdpa": wall.latency(k) / sdpa_wall.latency(k)} for k in wall.tokens]
+    loop_rows = [{"decoder": name, "tokens_per_step": row["tokens_per_step"], "sdpa ms/step": sdpa_loops[name]["ms_per_step"],
+                  "flex ms/step": row["ms_per_step"], "flex/sdpa": row["ms_per_step"] / sdpa_loops[name]["ms_per_step"]}
+                 for name, row in loops.items()]
+    return (f"\n### {shape} under flex_attention (compile {compile_s:.0f} s, untimed)\n\nCore path, KV length "
+            f"{kv_length}:\n\n" + markdown(curve, ["k", "sdpa ms", "flex ms", "flex/sdpa"])
+            + "\n\nDecode loop, G candidates every step:\n\n"
+            + markdown(loop_rows, ["decoder", "tokens_per_step", "sdpa ms/step", "flex ms/step", "flex/sdpa"]))
+
+
 def write_csv(path: Path, rows: list[dict]) -> None:
     if not rows:
         return
@@ -291,6 +331,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--batch-rows", nargs="*", default=[], help="rows.csv files of experiments.presets.batch: "
                         "measure t(B, k) and project the speedup against batch size")
     parser.add_argument("--batch-sizes", nargs="*", type=int, default=[1, 2, 4, 8, 16, 32, 64])
+    parser.add_argument("--flex-shapes", nargs="*", default=None,
+                        help="shapes timed again under flex_attention (default: the first shape; none: skip)")
     args = parser.parse_args(argv)
     threads = args.threads or (1 if args.tiny else None)
     if threads:
@@ -300,6 +342,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if device.type != "cuda" and not args.tiny:
         parser.error("no GPU here: pass --tiny for the CPU smoke test")
     shapes = args.shapes or (["tiny"] if args.tiny else ["7b", "13b"])
+    flex_shapes = shapes[:1] if args.flex_shapes is None else args.flex_shapes
     dtype = torch.float32 if device.type == "cpu" else torch.float16
     sizes = TINY_SIZES if args.tiny else GPU_SIZES
     kv_length = args.kv_length or (32 if args.tiny else 512)
@@ -371,6 +414,13 @@ def main(argv: Sequence[str] | None = None) -> None:
                 ["B", "k=1", "k=4", "k=16", "k=64"]))
             summary.append("\nProjected speedup over batched greedy (per-sequence records from the CPU batch runs):\n\n"
                            + markdown(batch_projection, ["dataset", "decoder", "B", "projected", "batches"]))
+        if shape in flex_shapes:
+            del model
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            summary.append(flex_section(shape, device, dtype, sizes, kv_length, repeats, loop_configs, prompt,
+                                        loop_steps, wall, loops, out))
+            model = None
         (out / "summary.md").write_text("\n".join(summary) + "\n")
         say(f"{shape}: done in {time.perf_counter() - started:.0f} s")
         print("\n".join(summary[-3:]), flush=True)

@@ -14,8 +14,10 @@ once per dtype (fp32, fp16, bf16):
    with greedy and each difference judged by ``lookahead_core.divergence`` (near_tie / mismatch);
 3. host overhead per step (loop time outside the model's forward) of each decoder.
 
-fp32 must be token-identical (a fp32 mismatch or a failed probe exits 1); in fp16/bf16 near-ties
-are expected and counted. Results go to ``--out`` (``check.json``, ``summary.md``) as they come.
+The same again under ``attn_implementation="flex_attention"`` (the core's block masks; the compile
+is timed apart, ``compile_s``) for ``--flex-dtypes`` (default fp32 and fp16). fp32 must be
+token-identical (a fp32 mismatch or a failed probe exits 1); in fp16/bf16 near-ties are expected
+and counted. Results go to ``--out`` (``check.json``, ``summary.md``) as they come.
 """
 
 from __future__ import annotations
@@ -67,11 +69,14 @@ def true_pool(prompt: list[int], greedy: list[int], ngram: int) -> DecodeState:
 
 def check_dtype(model, dtype_name: str, batch: list[list[int]], new_tokens: int) -> dict:
     lm = CausalLM(model)
+    started = time.perf_counter()
     result = probe(lm)
-    say(f"{dtype_name}: probe {'passed' if result.passed else 'FAILED'}, max diff {result.max_diff:.3g} "
-        f"(tolerance {result.tolerance:g})")
+    say(f"{lm.attention} {dtype_name}: probe {'passed' if result.passed else 'FAILED'}, max diff "
+        f"{result.max_diff:.3g} (tolerance {result.tolerance:g})")
     limits = DecodeLimits(max_new_tokens=new_tokens)
-    decode(lm, batch[0], CONFIGS["lookahead_w5_n4_g5"], DecodeLimits(max_new_tokens=4))   # warm-up
+    for config in (None, *CONFIGS.values()):           # warm-up: under flex_attention, the compile
+        decode(lm, batch[0], config, DecodeLimits(max_new_tokens=4))
+    compile_s = time.perf_counter() - started
     verdicts: dict[str, Counter] = {name: Counter() for name in CONFIGS}
     margins: dict[str, list[float]] = {name: [] for name in CONFIGS}
     host: dict[str, list[float]] = {"greedy": [], **{name: [] for name in CONFIGS}}
@@ -95,7 +100,7 @@ def check_dtype(model, dtype_name: str, batch: list[list[int]], new_tokens: int)
     rows.insert(0, {"decoder": "greedy", "steps": steps["greedy"], "equal": None, "near_tie": None, "mismatch": None,
                     "max_margin": None, "host_ms_per_step": statistics.median(host["greedy"])})
     return {"probe": {"passed": result.passed, "max_diff": result.max_diff, "tolerance": result.tolerance,
-                      "reasons": list(result.reasons)}, "decoders": rows}
+                      "reasons": list(result.reasons)}, "decoders": rows, "compile_s": compile_s}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -107,6 +112,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--new-tokens", type=int, default=None, help="tokens per decode (default 96, tiny 16)")
     parser.add_argument("--prompt-length", type=int, default=None, help="default 256 (tiny 24)")
     parser.add_argument("--dtypes", nargs="*", default=list(DTYPES), choices=list(DTYPES))
+    parser.add_argument("--flex-dtypes", nargs="*", default=["float32", "float16"], choices=list(DTYPES),
+                        help="dtypes checked again under flex_attention (none: skip)")
     args = parser.parse_args(argv)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type != "cuda" and not args.tiny:
@@ -122,24 +129,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     report = {"device": device_name, "shape": shape, "torch": torch.__version__, "prompts": count,
-              "new_tokens": new_tokens, "prompt_length": length, "dtypes": {}}
+              "new_tokens": new_tokens, "prompt_length": length, "dtypes": {}, "flex_attention": {}}
     summary = [f"# GPU check ({device_name}, Llama-2-{shape} shape, random weights)\n"]
     failed = []
-    for dtype_name in args.dtypes:
+    runs = [("sdpa", d) for d in args.dtypes] + [("flex_attention", d) for d in args.flex_dtypes]
+    for attention, dtype_name in runs:
         started = time.perf_counter()
         torch.manual_seed(0)
-        model = build_model(shape, device, DTYPES[dtype_name])
-        say(f"{dtype_name}: built in {time.perf_counter() - started:.0f} s")
+        model = build_model(shape, device, DTYPES[dtype_name], attention)
+        say(f"{attention} {dtype_name}: built in {time.perf_counter() - started:.0f} s")
         result = check_dtype(model, dtype_name, prompts(model.config.vocab_size, count, length), new_tokens)
         result["seconds"] = time.perf_counter() - started
-        report["dtypes"][dtype_name] = result
+        report["dtypes" if attention == "sdpa" else attention].setdefault(dtype_name, result)
+        label = dtype_name if attention == "sdpa" else f"{attention} {dtype_name}"
         if not result["probe"]["passed"]:
-            failed.append(f"{dtype_name} probe: {result['probe']['reasons']}")
+            failed.append(f"{label} probe: {result['probe']['reasons']}")
         if dtype_name == "float32":
-            failed += [f"fp32 {r['decoder']}: {r['mismatch']} mismatches" for r in result["decoders"] if r.get("mismatch")]
+            failed += [f"{label} {r['decoder']}: {r['mismatch']} mismatches" for r in result["decoders"] if r.get("mismatch")]
         probe_line = (f"probe {'passed' if result['probe']['passed'] else 'FAILED'}: max |logit diff| "
-                      f"{result['probe']['max_diff']:.3g}, tolerance {result['probe']['tolerance']:g}")
-        summary += [f"## {dtype_name} ({result['seconds']:.0f} s)\n", probe_line + "\n",
+                      f"{result['probe']['max_diff']:.3g}, tolerance {result['probe']['tolerance']:g}; "
+                      f"probe and warm-up {result['compile_s']:.1f} s"
+                      + (" (the compile)" if attention == "flex_attention" else ""))
+        summary += [f"## {label} ({result['seconds']:.0f} s)\n", probe_line + "\n",
                     markdown(result["decoders"], ["decoder", "steps", "equal", "near_tie", "mismatch", "max_margin",
                                                   "host_ms_per_step"]) + "\n"]
         (out / "check.json").write_text(json.dumps(report, indent=1) + "\n")

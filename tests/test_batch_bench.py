@@ -102,7 +102,13 @@ def test_gpu_bench_projects_batches_from_the_rows(bench_dir: Path, tmp_path: Pat
     projection = pd.read_csv(tmp_path / "projection_batch_tiny.csv")
     assert set(projection.decoder) == set(batch_bench.DECODERS) - {"hf_greedy", "core_greedy"}
     assert set(projection.B) == {1, 3} and (projection.projected > 0).all()
-    assert "Projected speedup over batched greedy" in (tmp_path / "summary.md").read_text()
+    summary = (tmp_path / "summary.md").read_text()
+    assert "Projected speedup over batched greedy" in summary
+    # The first shape again under flex_attention: its curve and loop beside SDPA's.
+    assert "### tiny under flex_attention" in summary
+    flex_loop = pd.read_csv(tmp_path / "loop_tiny_flex.csv")
+    assert set(flex_loop.decoder) == set(pd.read_csv(tmp_path / "loop_tiny.csv").decoder)
+    assert (pd.read_csv(tmp_path / "latency_core_tiny_flex.csv").attention == "flex_attention").all()
 
 
 def test_roofline_projection_is_flat_then_compute_bound(bench_dir: Path):

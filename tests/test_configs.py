@@ -174,6 +174,7 @@ def test_smollm2_grid_ties_guess_to_window() -> None:
     ("model=nonexistent", "model"),
     ("experiment=nope", "experiment"),
     ("model.dtype=float64", "model.dtype"),
+    ("model.attn_implementation=flash_attention_2", "model.attn_implementation"),
     ("model.typo=1", "model.typo"),
     ("experiment.max_new_tokens=0", "max_new_tokens"),
     ("dataset.limit=-1", "dataset.limit"),

@@ -23,7 +23,8 @@ def test_gpu_check_tiny_runs_on_cpu(tmp_path: Path):
     report = json.loads((tmp_path / "check.json").read_text())
     assert status == 0 and report["failed"] == []
     assert set(report["dtypes"]) == {"float32", "float16", "bfloat16"}
-    for dtype, result in report["dtypes"].items():
+    assert set(report["flex_attention"]) == {"float32", "float16"}
+    for dtype, result in [*report["dtypes"].items(), *report["flex_attention"].items()]:
         assert result["probe"]["passed"] and result["probe"]["max_diff"] <= result["probe"]["tolerance"]
         rows = {row["decoder"]: row for row in result["decoders"]}
         assert set(rows) == {"greedy", *gpu_check.CONFIGS}
@@ -31,4 +32,6 @@ def test_gpu_check_tiny_runs_on_cpu(tmp_path: Path):
             assert rows[name]["equal"] + rows[name]["near_tie"] + rows[name]["mismatch"] == 2
             assert rows[name]["host_ms_per_step"] > 0 and rows[name]["steps"] > 0
     assert all(row["equal"] == 2 for row in report["dtypes"]["float32"]["decoders"][1:])
-    assert "## bfloat16" in (tmp_path / "summary.md").read_text()
+    assert all(row["equal"] == 2 for row in report["flex_attention"]["float32"]["decoders"][1:])
+    summary = (tmp_path / "summary.md").read_text()
+    assert "## bfloat16" in summary and "## flex_attention float16" in summary
