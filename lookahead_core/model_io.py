@@ -56,7 +56,11 @@ class CausalLM:
         self._keeps_logits = "logits_to_keep" in params
         self.flex = None
         if attn == "flex_attention":
-            from .flex import FlexMasks       # torch.nn.attention.flex_attention, only when used
+            try:
+                from .flex import FlexMasks       # torch.nn.attention.flex_attention, only when used
+            except ImportError as error:
+                raise ValueError(f"flex_attention needs torch.nn.attention.flex_attention (torch >= 2.5; this is "
+                                 f"torch {torch.__version__}): {error}; load the model with sdpa or eager") from error
             self.flex = FlexMasks(model.device)
 
     @property

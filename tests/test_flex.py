@@ -163,5 +163,23 @@ def test_flex_logits_equal_sdpa_on_a_branching_step(flex_pair):
     torch.testing.assert_close(logits[1], logits[0], rtol=1e-5, atol=1e-5)
 
 
+def test_what_cannot_run_flex_is_refused_before_any_decode(monkeypatch):
+    """Architectures transformers has no flex path for fail when they load, naming flex_attention;
+    a torch without flex_attention is refused by CausalLM, saying what to load instead."""
+    import sys
+
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    config = transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=256, vocab_size=128)
+    with pytest.raises(ValueError, match="flex_attention"):
+        AutoModelForCausalLM.from_config(config, attn_implementation="flex_attention")
+    model = tiny_random_model("llama", attn_implementation="flex_attention")
+    monkeypatch.delitem(sys.modules, "lookahead_core.flex")
+    monkeypatch.setitem(sys.modules, "torch.nn.attention.flex_attention", None)     # import fails
+    with pytest.raises(ValueError, match="flex_attention needs torch.nn.attention.flex_attention.*sdpa or eager"):
+        CausalLM(model)
+
+
 def test_no_window_is_longer_than_any_context():
     assert NO_WINDOW > 1 << 40
