@@ -71,6 +71,15 @@ def _indices(selected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 NO_WINDOW = 1 << 62      # full attention, as a window: longer than any context
+FALLBACK_WARNING = "without torch.compile"   # what torch says once it runs flex uncompiled
+
+
+def rearm_fallback_warning() -> None:
+    """torch warns once per process when flex_attention runs uncompiled (past the recompile limit);
+    re-arm that warning so that a benchmark or test can tell whether its own forwards fell back."""
+    from torch.nn.attention import flex_attention as module
+
+    getattr(module, "_WARNINGS_SHOWN", set()).discard("flex_attention_performance")
 
 
 class FlexMasks:

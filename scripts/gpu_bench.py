@@ -267,6 +267,7 @@ def flex_section(shape: str, device: torch.device, dtype: torch.dtype, sizes: Se
     """The core-path curve and the decode loop again under flex_attention, after its compile."""
     started = time.perf_counter()
     torch.manual_seed(0)
+    torch._dynamo.reset()              # this shape's kernels compile within torch's recompile limit
     model = build_model(shape, device, dtype, "flex_attention")
     say(f"{shape}: flex_attention: compiling (a decode of every loop config, untimed)")
     compile_started = time.perf_counter()

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pandas as pd
+import pytest
 import torch
 
 from experiments.presets import attention as bench
@@ -39,3 +40,19 @@ def test_tree_steps_are_fixed_trees_of_earlier_parents():
     parents = bench.tree_parents(30)
     assert parents == bench.tree_parents(30) and len(parents) == 30
     assert all(-1 <= p < i for i, p in enumerate(parents)) and any(p >= 0 for p in parents)
+
+
+def test_a_round_that_ran_uncompiled_flex_is_not_written(tmp_path: Path, monkeypatch):
+    """Past torch's recompile limit flex runs uncompiled: those are not the kernel's timings."""
+    import torch._dynamo
+
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
+    threads = torch.get_num_threads()
+    try:
+        with pytest.raises(RuntimeError, match="ran uncompiled"):
+            bench.main(["--model", "tiny-llama", "--kv", "16", "--sizes", "1", "3", "--rounds", "1",
+                        "--out", str(tmp_path)])
+    finally:
+        torch.set_num_threads(threads)
+        torch._dynamo.reset()
+    assert not (tmp_path / "rows.csv").exists()

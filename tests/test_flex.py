@@ -8,10 +8,11 @@ import pytest
 import torch
 
 from lookahead_core import CausalLM, DecodeLimits, LookaheadConfig, decode, decode_batch, probe
-from lookahead_core.flex import BLOCK, NO_WINDOW, FlexMasks, block_tables
+from lookahead_core.flex import BLOCK, FALLBACK_WARNING, NO_WINDOW, FlexMasks, block_tables, rearm_fallback_warning
 from lookahead_core.layout import attention_mask, causal_layout, chains, step_layout
 from experiments.models.loader import tiny_random_model
 from test_lossless import TREE_GRID, greedy, repetitive_prompt
+from tiny_families import PASSING, tiny_family_model
 
 ARCHS = ("llama", "mistral", "qwen2", "gemma3")
 NEW = 40
@@ -110,6 +111,7 @@ def test_flex_decodes_equal_greedy(flex_pair):
     assert flex.attention == "flex_attention" and flex.flex is not None
     limits = DecodeLimits(max_new_tokens=NEW)
     counts = [0, 0]
+    rearm_fallback_warning()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for length, seed in ((24, 0), (40, 1)):
@@ -123,7 +125,7 @@ def test_flex_decodes_equal_greedy(flex_pair):
                 counts[1] += 1
                 assert out.tokens == reference, f"{arch} {config}"
     assert counts[0] == counts[1] == 18
-    fallbacks = [w for w in caught if "without torch.compile" in str(w.message)]
+    fallbacks = [w for w in caught if FALLBACK_WARNING in str(w.message)]
     assert not fallbacks, f"{arch}: flex_attention ran uncompiled (recompile limit reached)"
 
 
@@ -183,3 +185,25 @@ def test_what_cannot_run_flex_is_refused_before_any_decode(monkeypatch):
 
 def test_no_window_is_longer_than_any_context():
     assert NO_WINDOW > 1 << 40
+
+
+# transformers has no flex path for these (the model refuses to load under flex_attention).
+NO_FLEX = {"gpt2", "gpt_bigcode", "stablelm", "falcon_rotary", "persimmon"}
+
+
+@pytest.mark.parametrize("family", sorted(PASSING))
+def test_every_family_with_a_flex_path_passes_the_probe_and_equals_greedy(family):
+    """The architectures the probe passes under SDPA, under flex_attention: those transformers gives
+    a flex path pass the probe and decode greedy's tokens; the others fail to load, naming flex."""
+    if family in NO_FLEX:
+        with pytest.raises(ValueError, match="flex_attention"):
+            tiny_family_model(family, attn_implementation="flex_attention", strict=True)
+        return
+    # No recompile-limit guard here (test_flex_decodes_equal_greedy has it): families that share
+    # head shapes share kernels, and past the limit torch runs the same masks uncompiled.
+    flex = CausalLM(tiny_family_model(family, attn_implementation="flex_attention", strict=True))
+    assert flex.attention == "flex_attention" and probe(flex).passed
+    sdpa = tiny_family_model(family)
+    prompt = repetitive_prompt(sdpa.config.vocab_size, length=20)
+    limits = DecodeLimits(max_new_tokens=16)
+    assert decode(flex, prompt, LookaheadConfig(4, 3, 4, prompt_pool=True), limits).tokens == greedy(sdpa, prompt, limits)

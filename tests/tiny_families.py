@@ -50,9 +50,10 @@ REFUSED: dict[str, tuple[str, dict]] = {
 }
 
 
-def tiny_family_model(family: str, *, attn_implementation: str = "sdpa", seed: int = 0,
+def tiny_family_model(family: str, *, attn_implementation: str = "sdpa", seed: int = 0, strict: bool = False,
                       **overrides) -> torch.nn.Module:
-    """A tiny random fp32 model of ``family`` in eval mode; falls back to eager where SDPA is missing."""
+    """A tiny random fp32 model of ``family`` in eval mode; falls back to eager where SDPA is missing
+    (``strict``: raises instead)."""
     class_name, fields = {**PASSING, **REFUSED}[family]
     # No special ids: the configs' defaults point outside the tiny vocabulary.
     config = getattr(transformers, class_name)(**{"bos_token_id": None, "eos_token_id": None, **fields, **overrides})
@@ -61,5 +62,7 @@ def tiny_family_model(family: str, *, attn_implementation: str = "sdpa", seed: i
         try:
             model = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation)
         except ValueError:   # e.g. MPT and Bloom have no SDPA path
+            if strict:
+                raise
             model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
     return model.eval()

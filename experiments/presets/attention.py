@@ -18,7 +18,8 @@ Flex compiles first: every (KV, k, shape) once, untimed; that time is reported a
 ``compile_s``. Then ``--rounds`` rounds: in each, every (KV, k, shape) visits the three
 implementations in an order rotated per round, so none always runs first. ``rows.csv`` has every
 timed forward; the tables give the median over rounds (and its ratio to SDPA) per size. Rounds
-already in ``rows.csv`` are kept and a rerun adds the missing ones.
+already in ``rows.csv`` are kept and a rerun adds the missing ones. A round in which flex ran
+torch's uncompiled fallback (past the recompile limit) is not written: the run stops.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import json
 import os
 import random
 import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -36,6 +38,7 @@ import torch
 from matplotlib.figure import Figure
 from tqdm import tqdm
 
+from lookahead_core.flex import FALLBACK_WARNING, rearm_fallback_warning
 from lookahead_core.layout import causal_layout, step_layout
 from lookahead_core.model_io import CausalLM, truncate_kv
 
@@ -89,7 +92,22 @@ class Bench:
 
 
 def measure(args: argparse.Namespace, out: Path) -> None:
+    """Time every cell; refuses to record flex timings of torch's uncompiled fallback."""
     torch.set_num_threads(args.threads)
+    torch._dynamo.reset()                         # compile this run's kernels within the recompile limit
+    rearm_fallback_warning()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+
+        def check_compiled() -> None:
+            if any(FALLBACK_WARNING in str(w.message) for w in caught):
+                raise RuntimeError("flex_attention ran uncompiled (torch's recompile limit): its timings would "
+                                   "not be the kernel's; nothing of this round was written")
+
+        _measure(args, out, check_compiled)
+
+
+def _measure(args: argparse.Namespace, out: Path, check_compiled) -> None:
     path = out / "rows.csv"
     done = pd.read_csv(path) if path.exists() else pd.DataFrame(columns=["round"])
     rounds = [r for r in range(args.rounds) if r not in set(done["round"])]
@@ -126,6 +144,7 @@ def measure(args: argparse.Namespace, out: Path) -> None:
                 rows.append({"round": r, "attention": attention, "kv": kv, "k": k, "shape": shape,
                              "seconds": benches[attention].step(kv, k, shape), "load_avg": os.getloadavg()[0]})
                 progress.update()
+        check_compiled()
         pd.DataFrame(rows).to_csv(path, mode="a", header=not path.exists(), index=False)   # a round at a time
     progress.close()
 
