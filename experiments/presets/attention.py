@@ -188,8 +188,9 @@ def plot(table: pd.DataFrame, path: Path) -> None:
         ax = fig.add_subplot(1, len(kvs), i + 1)
         for shape, style in zip(SHAPES, ("--", "-")):
             part = table[(table["kv"] == kv) & (table["shape"] == shape)]
-            for attention in IMPLEMENTATIONS:
-                ax.plot(part["k"], part[attention], style, marker="o", markersize=3, label=f"{attention} ({shape})")
+            for attention, color in zip(IMPLEMENTATIONS, ("tab:gray", "tab:blue", "tab:orange")):
+                ax.plot(part["k"], part[attention], style, color=color, marker="o", markersize=3,
+                        label=f"{attention} ({shape})")
         ax.set(xscale="log", yscale="log", xlabel="tokens fed per step (k)", ylabel="ms per forward",
                title=f"KV {kv}")
         ax.grid(True, which="both", alpha=0.3)
