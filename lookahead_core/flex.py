@@ -104,11 +104,10 @@ class FlexMasks:
         self.capacity = (cap_b, cap_q)
         device = self.device
         with torch.inference_mode(False):
-            self._valid = torch.zeros(cap_b, dtype=torch.long, device=device)
             self._position = torch.zeros(cap_b, dtype=torch.long, device=device)
             self._offsets = torch.zeros(cap_b, cap_q, dtype=torch.long, device=device)
             self._visible = torch.zeros(cap_b, cap_q, cap_q, dtype=torch.bool, device=device)
-        for buffer in (self._valid, self._position, self._offsets, self._visible):
+        for buffer in (self._position, self._offsets, self._visible):
             torch._dynamo.mark_static(buffer)
 
     def _window(self, window: int | None) -> torch.Tensor:
@@ -117,13 +116,13 @@ class FlexMasks:
                 self._windows[window] = torch.tensor(NO_WINDOW if window is None else window, device=self.device)
         return self._windows[window]
 
-    def masks(self, windows: dict[str, int | None], past: int, position: torch.Tensor, valid: torch.Tensor,
+    def masks(self, windows: dict[str, int | None], past: int, position: torch.Tensor,
               offsets: torch.Tensor | None, visible: torch.Tensor | None, rows: int) -> dict[str, BlockMask]:
         """Attention type -> ``BlockMask`` for ``rows`` rows per sequence after a cache of ``past`` slots.
 
-        ``position`` and ``valid`` (B,): each sequence's first position and committed KV length;
-        ``offsets`` (B, q) and ``visible`` (B, q, q) as for :func:`~lookahead_core.layout.allowed`
-        (None: every sequence feeds a causal chain).
+        ``position`` (B,): each sequence's first position, which is also its committed KV length
+        (its step starts right after its own KV); ``offsets`` (B, q) and ``visible`` (B, q, q) as
+        for :func:`~lookahead_core.layout.allowed` (None: every sequence feeds a causal chain).
         """
         batch = len(position)
         chain = visible is None
@@ -131,7 +130,6 @@ class FlexMasks:
         device = self.device
         self._past.fill_(past)
         self._chain.fill_(chain)
-        self._valid[:batch].copy_(valid)
         self._position[:batch].copy_(position)
         if chain:
             query_pos = position.to(device)[:, None] + torch.arange(rows, device=device)
@@ -139,20 +137,20 @@ class FlexMasks:
             self._offsets[:batch, :rows].copy_(offsets)
             self._visible[:batch, :rows, :rows].copy_(visible)
             query_pos = position.to(device)[:, None] + offsets.to(device)
-        valid = valid.to(device)
+        committed = position.to(device)
         tables = {}
         for kind, window in windows.items():
-            full, partial = block_tables(past, valid, query_pos, window, min_query_blocks=2)
+            # Never one query block: a size-1 dimension would be specialised (one more compile).
+            full, partial = block_tables(past, committed, query_pos, window, min_query_blocks=2)
             tables[kind] = self._block_mask(full, partial, self._window(window), rows, past + rows)
         return tables
 
     def _block_mask(self, full: torch.Tensor, partial: torch.Tensor, window: torch.Tensor, rows: int,
                     total: int) -> BlockMask:
-        past, valid, position, offsets, visible, chain = (
-            self._past, self._valid, self._position, self._offsets, self._visible, self._chain)
+        past, position, offsets, visible, chain = self._past, self._position, self._offsets, self._visible, self._chain
 
         def mask_mod(b, h, q_idx, kv_idx):
-            return allowed(b, q_idx, kv_idx, past=past, valid=valid, position=position, offsets=offsets,
+            return allowed(b, q_idx, kv_idx, past=past, valid=position, position=position, offsets=offsets,
                            visible=visible, sliding_window=window, chain=chain)
 
         partial_count, partial_index = _indices(partial)

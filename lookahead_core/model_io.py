@@ -30,8 +30,8 @@ class CausalLM:
     prefill, greedy steps, one candidate and no window) passes none under eager and SDPA: the
     model builds its own causal mask, which lets SDPA take its unmasked kernel for 1-token steps,
     as ``generate`` does; under flex_attention it gets a chain ``BlockMask`` (transformers' own
-    sliding-window block mask does not compile on the CPU, see :mod:`lookahead_core.flex`). The cache is a plain ``DynamicCache``
-    that keeps every position: sliding-window layers get the window from the mask (ours, or the
+    sliding-window block mask does not compile on the CPU, see :mod:`lookahead_core.flex`). The
+    cache is a plain ``DynamicCache`` that keeps every position: sliding-window layers get the window from the mask (ours, or the
     model's own, built from the same positions) instead of from a cache that drops old rows, which
     keeps KV commits a simple re-index.
     """
@@ -98,7 +98,8 @@ class CausalLM:
         sees only itself. The step's KV lands in slots ``past .. past + q - 1`` of every row
         (``past`` = the cache length); :func:`commit_kv` then keeps what each sequence accepted.
         When every feed is a causal chain of one length right after a full cache (one sequence, or
-        a batch in lockstep), no mask is passed and the model builds its own.
+        a batch in lockstep), eager and SDPA get no mask (the model builds its own) and flex a
+        chain ``BlockMask``.
         """
         past = cache.get_seq_length()
         q = max(len(f.tokens) for f in feeds)
@@ -114,7 +115,7 @@ class CausalLM:
         positions = torch.tensor([f.position for f in feeds])
         chain = all(f.visible is None and len(f.tokens) == q and f.position == past for f in feeds)
         if self.flex is not None:
-            masks = self.flex.masks(self.windows, past, positions, positions, None if chain else offsets,
+            masks = self.flex.masks(self.windows, past, positions, None if chain else offsets,
                                     None if chain else visible, q)
         elif chain:
             masks = None

@@ -72,7 +72,7 @@ def test_block_masks_equal_the_dense_mask_cell_by_cell(seed):
     for window in (None, rng.choice([1, 4, 50, 200])):
         dense = attention_mask(offsets, visible, past, valid, sliding_window=window, dtype=torch.float32,
                                valid=valid)[:, 0] == 0
-        masks = flex.masks({"layer": window}, past, valid, valid, None if chain else offsets,
+        masks = flex.masks({"layer": window}, past, valid, None if chain else offsets,
                            None if chain else visible, rows)
         cells = block_mask_cells(masks["layer"], rows, past + rows)
         assert torch.equal(cells, dense), f"seed {seed} window {window}"

@@ -35,6 +35,7 @@ from pathlib import Path
 
 import pandas as pd
 import torch
+import transformers
 from matplotlib.figure import Figure
 from tqdm import tqdm
 
@@ -131,7 +132,7 @@ def _measure(args: argparse.Namespace, out: Path, check_compiled) -> None:
     meta.setdefault("compile_s", []).append(round(compile_s, 1))
     meta.update(model=args.model, threads=args.threads, kv=list(args.kv), sizes=list(args.sizes),
                 cpu=cpu_model(), avx512=_avx512(), torch=torch.__version__,
-                transformers=__import__("transformers").__version__, git_commit=git_commit(repo_root()),
+                transformers=transformers.__version__, git_commit=git_commit(repo_root()),
                 date=time.strftime("%Y-%m-%d"))
     meta_path.write_text(json.dumps(meta, indent=1) + "\n")
     progress = tqdm(total=len(rounds) * len(cells) * len(IMPLEMENTATIONS), desc="timed forwards")
