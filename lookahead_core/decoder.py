@@ -27,6 +27,7 @@ from .capability import require_branching_support
 from .inputs import check_vocabulary, validate_input_ids
 from .positions import fit_step
 from .pool import NGramPool
+from .sources import active
 from .verify import Verifier, make_verifier
 
 
@@ -190,14 +191,18 @@ def _run(model, prompts: list[list[int]], lookahead: LookaheadConfig | None, lim
         check_vocabulary(prompt, lm.vocab_size)
     require_branching_support(lm, lookahead)     # the probe, once per model: refuses what it would get wrong
     seqs = [_Sequence(p, list(p), v, None, _pool_for(lookahead, state), DecodeStats()) for p, v in zip(prompts, verifiers)]
-    cache, first_logits = _prefill(lm, prompts, state, [s.stats for s in seqs])
-    for seq, logits in zip(seqs, first_logits):
+    hidden = lookahead is not None and any(kind.hidden for kind, _ in active(lookahead))
+    cache, first = _prefill(lm, prompts, state, [s.stats for s in seqs], hidden)
+    for seq, (logits, last_hidden) in zip(seqs, first):
         seq.progress = _accept(seq.tokens, seq.verify(EMPTY_TREE, logits[None]).tokens, 0, limits, tokenizer,
                                len(seq.prompt))
         if lookahead is not None:
-            seq.proposer = Proposer.from_config(lookahead, seq.tokens, seq.pool, seq.prompt)
+            seq.proposer = Proposer.from_config(lookahead, seq.tokens, seq.pool, seq.prompt, lm.drafters)
             seq.stats.drafts.prior = state.drafts if state is not None else None
             seq.proposer.stats = seq.stats.drafts
+            if hidden:       # the prefill's outcome: no new n-grams, the hidden state the first tree drafts from
+                seq.proposer.update(StepOutcome(seq.tokens, len(seq.tokens), seq.tokens[-1], hidden=last_hidden),
+                                    EMPTY_TREE, [])
     outputs: dict[int, DecodeOutput] = {}
     live = list(range(len(seqs)))                     # cache row r holds sequence live[r]
 
@@ -225,13 +230,15 @@ def _run(model, prompts: list[list[int]], lookahead: LookaheadConfig | None, lim
         batch = [seqs[i] for i in live]
         steps = [_plan(seq, lm.position_limit) for seq in batch]
         past, valid = cache.get_seq_length(), [seq.committed for seq in batch]
+        hidden = any(seq.proposer is not None and seq.proposer.hidden for seq in batch)
         t0 = time.perf_counter()
-        logits = lm.forward_batch(cache, [step.feed for step in steps])
+        outs = lm.forward_batch(cache, [step.feed for step in steps], hidden)
+        logits, states = zip(*outs) if hidden else (outs, [None] * len(outs))
         if logits[0].is_cuda:
             torch.cuda.synchronize(logits[0].device)
         elapsed = time.perf_counter() - t0
-        keep = [_finish(seq, step, row_logits, elapsed, limits, tokenizer)
-                for seq, step, row_logits in zip(batch, steps, logits)]
+        keep = [_finish(seq, step, row_logits, row_states, elapsed, limits, tokenizer)
+                for seq, step, row_logits, row_states in zip(batch, steps, logits, states)]
         commit_kv(cache, past, keep, valid)
         retire(start)
     return [outputs[i] for i in range(len(seqs))]
@@ -271,10 +278,11 @@ def _plan(seq: _Sequence, position_limit: int | None) -> _Plan:
     return _Plan(tree, layout, Feed(fed, layout.offsets, visible, seq.committed, layout.logit_rows), window is not None)
 
 
-def _finish(seq: _Sequence, plan: _Plan, logits: torch.Tensor, seconds: float, limits: DecodeLimits,
-            tokenizer) -> list[int]:
-    """Verify the sequence's step (logits (r, V)), commit its tokens, update its sources; return the
-    step rows whose KV it keeps: the input token's and the accepted path's (the last token has none yet)."""
+def _finish(seq: _Sequence, plan: _Plan, logits: torch.Tensor, hidden: torch.Tensor | None, seconds: float,
+            limits: DecodeLimits, tokenizer) -> list[int]:
+    """Verify the sequence's step (logits (r, V), last hidden states (r, H) or None), commit its tokens,
+    update its sources; return the step rows whose KV it keeps: the input token's and the accepted
+    path's (the last token has none yet)."""
     stats, layout, fed = seq.stats, plan.layout, plan.feed.tokens
     stats.steps += 1
     stats.model_seconds += seconds
@@ -293,6 +301,8 @@ def _finish(seq: _Sequence, plan: _Plan, logits: torch.Tensor, seconds: float, l
         if proposer.topk:
             outcome = replace(outcome, row_tokens=[fed[r] for r in layout.logit_rows.tolist()],
                               row_topk=logits.topk(proposer.topk, dim=-1).indices.cpu())
+        if hidden is not None and proposer.hidden:      # the row whose logits gave the last kept token
+            outcome = replace(outcome, hidden=hidden[layout.tree_logits[verdict.path[kept - 2] + 1 if kept > 1 else 0]])
         proposer.update(outcome, plan.tree, verdict.path)
     return [0] + path_rows[: kept - 1]
 
@@ -316,10 +326,10 @@ def _hits_stop(tokenizer, generated: list[int], stop_strings: tuple[str, ...]) -
     return any(s in tail for s in stop_strings)
 
 
-def _prefill(lm: CausalLM, prompts: list[list[int]], state: DecodeState | None,
-             stats: list[DecodeStats]) -> tuple[object, list[torch.Tensor]]:
+def _prefill(lm: CausalLM, prompts: list[list[int]], state: DecodeState | None, stats: list[DecodeStats],
+             hidden: bool = False) -> tuple[object, list[tuple[torch.Tensor, torch.Tensor | None]]]:
     """Fill the cache with the prompts (right-padded; with a state, the one prompt's uncached part);
-    return each prompt's last logits (V,)."""
+    return each prompt's last logits (V,) and, with ``hidden``, its last hidden state (H,) (else None)."""
     if state is not None and state.cache is not None:
         cache = state.cache
         reuse = _common_prefix(state.cached_tokens, prompts[0])
@@ -330,11 +340,13 @@ def _prefill(lm: CausalLM, prompts: list[list[int]], state: DecodeState | None,
     feeds = [Feed(p[reuse:], torch.arange(len(p) - reuse), None, reuse, torch.tensor([len(p) - reuse - 1]))
              for p in prompts]
     t0 = time.perf_counter()
-    logits = lm.forward_batch(cache, feeds)
+    outs = lm.forward_batch(cache, feeds, hidden)
     seconds = time.perf_counter() - t0
     for s, f in zip(stats, feeds):
         s.prefill_seconds, s.prefill_tokens = seconds, len(f.tokens)
-    return cache, [row[0] for row in logits]
+    if hidden:
+        return cache, [(logits[0], states[0]) for logits, states in outs]
+    return cache, [(logits[0], None) for logits in outs]
 
 
 def _pool_for(lookahead: LookaheadConfig | None, state: DecodeState | None) -> NGramPool | None:

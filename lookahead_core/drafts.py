@@ -59,6 +59,8 @@ class StepOutcome:
     window_next: list[int] | None = None   # argmax of the window's last-level rows
     row_tokens: list[int] = field(default_factory=list)   # the token fed at each row with logits
     row_topk: torch.Tensor | None = None   # (rows, k) top-k successors of those rows' logits
+    hidden: torch.Tensor | None = None     # (H,) last hidden state of the row that predicted the last
+                                           # committed token (for sources registered with hidden=True)
 
 
 class DraftSource(Protocol):
@@ -320,27 +322,31 @@ class Proposer:
 
     def __init__(self, sources: Sequence[DraftSource], *, merge: bool, budget: int = 0,
                  window: JacobiWindow | None = None, stats: DraftStats | None = None,
-                 recycle_window: bool = False, step_costs: Sequence[float] = ()) -> None:
+                 recycle_window: bool = False, step_costs: Sequence[float] = (), hidden: bool = False) -> None:
         self.sources = list(sources)
         self.merge, self.budget, self.window = merge, budget, window
         self.step_costs = tuple(step_costs)           # relative cost of a k-token step, k = 1 .. budget
         self.recycle_window = recycle_window          # the step keeps every window row's logits
         self.stats = stats if stats is not None else DraftStats()
         self.topk = max((s.topk for s in self.sources), default=0)
+        self.hidden = hidden                          # a source wants StepOutcome.hidden
 
     @classmethod
     def from_config(cls, config: LookaheadConfig, context: Sequence[int], pool: NGramPool,
-                    prompt: Sequence[int]) -> Proposer:
+                    prompt: Sequence[int], drafters: dict | None = None) -> Proposer:
         """The n-gram pool and its window (the paper's), and every registered source the config
-        turns on (``lookahead_core/sources.py``), those marked ``before_pool`` first."""
+        turns on (``lookahead_core/sources.py``), those marked ``before_pool`` first; ``drafters``:
+        the trained models of sources that need one (``CausalLM.drafters``)."""
         window = JacobiWindow(config.window, config.ngram, prompt, config.seed) if config.uses_window else None
         registered = active(config)
-        sources: list[DraftSource] = [kind.build(config, size, context) for kind, size in registered if kind.before_pool]
+        sources: list[DraftSource] = [kind.build(config, size, context, drafters)
+                                      for kind, size in registered if kind.before_pool]
         if config.guess or window is not None:
             sources.append(NGramSource(pool, window, config.prompt_pool, context))
-        sources += [kind.build(config, size, context) for kind, size in registered if not kind.before_pool]
+        sources += [kind.build(config, size, context, drafters) for kind, size in registered if not kind.before_pool]
         return cls(sources, merge=config.tree, budget=config.budget, window=window,
-                   recycle_window=config.recycle_window, step_costs=config.step_costs)
+                   recycle_window=config.recycle_window, step_costs=config.step_costs,
+                   hidden=any(kind.hidden for kind, _ in registered))
 
     def propose(self, context: Sequence[int], window_rows: int) -> DraftTree:
         tree = build_tree([d for s in self.sources for d in s.propose(context)], self.merge)

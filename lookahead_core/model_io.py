@@ -34,9 +34,12 @@ class CausalLM:
     cache is a plain ``DynamicCache`` that keeps every position: sliding-window layers get the window from the mask (ours, or the
     model's own, built from the same positions) instead of from a cache that drops old rows, which
     keeps KV commits a simple re-index.
+
+    ``drafters``: trained draft models by source name (``{"medusa": MedusaHeads}``), for the
+    sources registered with ``drafter=True`` (``lookahead_core/sources.py``).
     """
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, drafters: dict | None = None) -> None:
         config = model.config
         attn = getattr(config, "_attn_implementation", None) or "eager"
         if attn not in SUPPORTED_ATTENTION:
@@ -47,6 +50,7 @@ class CausalLM:
         if getattr(config, "is_encoder_decoder", False):
             raise ValueError("encoder-decoder models are not supported; pass a causal LM")
         self.model = model
+        self.drafters = dict(drafters or {})
         self.attention = attn
         self.windows = _attention_windows(config)
         self.vocab_size = vocab_size(model)
@@ -91,8 +95,9 @@ class CausalLM:
                              f"not at {position}")
         return self.forward_batch(cache, [Feed(tokens, offsets, visible, position, logit_rows)])[0]
 
-    def forward_batch(self, cache: DynamicCache, feeds: list[Feed]) -> list[torch.Tensor]:
-        """One forward over every sequence of the batch (``feeds[b]`` is cache row b); logits per sequence.
+    def forward_batch(self, cache: DynamicCache, feeds: list[Feed], hidden: bool = False):
+        """One forward over every sequence of the batch (``feeds[b]`` is cache row b); logits per sequence
+        (with ``hidden``: ``(logits, last hidden states)`` per sequence, both of its ``logit_rows``).
 
         Feeds are right-padded to the longest; a padding row sits at the sequence's ``position`` and
         sees only itself. The step's KV lands in slots ``past .. past + q - 1`` of every row
@@ -136,12 +141,16 @@ class CausalLM:
             position_ids=(positions[:, None] + offsets).to(device),
             attention_mask=mask,
             use_cache=True,
+            output_hidden_states=hidden,
             **kwargs,
         )
         logits = out.logits if self._keeps_logits else out.logits[:, needed.to(device)]      # (B, r, V)
-        if len(feeds) == 1:
-            return [logits[0]]
-        return [logits[b, torch.searchsorted(needed, f.logit_rows).to(device)] for b, f in enumerate(feeds)]
+        per_feed = [logits[0]] if len(feeds) == 1 else \
+            [logits[b, torch.searchsorted(needed, f.logit_rows).to(device)] for b, f in enumerate(feeds)]
+        if not hidden:
+            return per_feed
+        states = out.hidden_states[-1]                  # after the final norm: what the LM head reads
+        return [(lg, states[b, f.logit_rows.to(device)]) for b, (lg, f) in enumerate(zip(per_feed, feeds))]
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,10 @@ class SourceKind:
     before_pool: its drafts enter the tree before the n-gram pool's (the suffix source's do).
     flags: ``(field, label)`` pairs of boolean options it owns, named ``_<label>`` when set.
     grid: a callable returning the configs ``decoding=auto`` adds to its grid for this source.
+    drafter: it drafts with a trained model the user supplies (Medusa heads): ``from_config`` gets
+        ``CausalLM.drafters[name]`` as a fourth argument, and a decode without one is refused.
+    hidden: ``update`` needs the model's last hidden state at the row that predicted the step's last
+        committed token (``StepOutcome.hidden``); the step's forward then returns hidden states.
     """
 
     name: str
@@ -55,6 +59,8 @@ class SourceKind:
     before_pool: bool = False
     flags: tuple[tuple[str, str], ...] = ()
     grid: Callable[[], list] | None = None
+    drafter: bool = False
+    hidden: bool = False
 
     def size(self, config: Any) -> int:
         """How many drafts it proposes per step under ``config`` (0: off)."""
@@ -62,19 +68,25 @@ class SourceKind:
             return getattr(config, self.field)
         return dict(config.sources).get(self.name, 0)
 
-    def build(self, config: Any, size: int, context: Any) -> Any:
+    def build(self, config: Any, size: int, context: Any, drafters: dict | None = None) -> Any:
         factory = self.factory
         if isinstance(factory, str):
             module, _, name = factory.partition(":")
             factory = getattr(import_module(module), name)
-        return factory.from_config(config, size, context)
+        if not self.drafter:
+            return factory.from_config(config, size, context)
+        drafter = (drafters or {}).get(self.name)
+        if drafter is None:
+            raise ValueError(f"sources={{{self.name!r}: {size}}} drafts with a trained model: pass it as "
+                             f"CausalLM(model, drafters={{{self.name!r}: ...}})")
+        return factory.from_config(config, size, context, drafter)
 
 
 SOURCES: dict[str, SourceKind] = {}
 
 
 def register_source(name: str, *, label: str, grid: Callable[[], list] | None = None,
-                    before_pool: bool = False) -> Callable[[type], type]:
+                    before_pool: bool = False, drafter: bool = False, hidden: bool = False) -> Callable[[type], type]:
     """Class decorator: registers a draft source under ``name`` (sized by ``sources={name: k}``).
 
     >>> @register_source("echo", label="echo")
@@ -90,7 +102,7 @@ def register_source(name: str, *, label: str, grid: Callable[[], list] | None = 
     >>> unregister_source("echo")
     """
     def add(cls: type) -> type:
-        _add(SourceKind(name, label, cls, grid=grid, before_pool=before_pool))
+        _add(SourceKind(name, label, cls, grid=grid, before_pool=before_pool, drafter=drafter, hidden=hidden))
         return cls
     return add
 
@@ -133,3 +145,6 @@ def label_parts(config: Any) -> list[str]:
 _add(SourceKind("suffix", "sfx", "lookahead_core.drafts:SuffixSource", field="suffix", before_pool=True))
 _add(SourceKind("recycle", "rc", "lookahead_core.drafts:RecycleSource", field="recycle",
                 flags=(("recycle_window", "rw"),)))
+# Trained heads (lookahead_core/medusa.py, which needs torch): registered here by name so that a
+# config naming them validates without importing torch.
+_add(SourceKind("medusa", "md", "lookahead_core.medusa:MedusaSource", drafter=True, hidden=True))
