@@ -523,3 +523,29 @@ def test_the_default_command_runs_on_a_fresh_clone_without_shared_data_or_hub(tm
     assert plot.is_file() and plot.is_relative_to(clone / "results" / "raw" / "demo")
     df = read_rows(next((clone / "results" / "raw" / "demo").rglob("*.csv")))
     assert set(df["decoder"]) == {"hf_greedy", "hf_pld", "lookahead", "auto"} and df["passed"].notna().all()
+
+
+def test_medusa_decoders_load_their_heads_and_match_greedy_or_say_how_to_train_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``decoding=medusa`` finds the heads trained for the job's model in the cache (here written for
+    the tiny model), ``heads=<folder>`` loads others; without any, the job names the training command."""
+    from experiments.models.loader import tiny_random_model
+    from experiments.presets.medusa import heads_dir
+    from lookahead_core.medusa import for_model, save_heads
+
+    monkeypatch.setenv("LOOKAHEAD_CACHE", str(tmp_path / "cache"))
+    model = tiny_random_model("llama")
+    save_heads(for_model(model, 3), heads_dir("tiny_llama"))
+    save_heads(for_model(model, 2), tmp_path / "other")
+    path = run(tmp_path, *MTBENCH, "dataset.turns=1",
+               f"decoders=[medusa,medusa_tree,{{use:medusa,name:medusa_other,heads:'{tmp_path / 'other'}'}}]")
+    df = read_rows(path)
+    assert_complete(df, items=2, turns=1, decoders=4)
+    assert df[~df["baseline"]]["matches_greedy"].all()
+    assert json.loads(df[df["decoder"] == "medusa"]["params"].iloc[0])["sources"] == [["medusa", 15]]
+    monkeypatch.setenv("LOOKAHEAD_CACHE", str(tmp_path / "empty"))
+    with pytest.raises(ValueError, match=r"no Medusa heads for tiny_llama at .*experiments.presets.medusa train "
+                                         r"--model tiny_llama"):
+        run(tmp_path / "again", *MTBENCH, "decoders=[medusa]")
+    with pytest.raises(ValueError, match="heads: .* holds no Medusa heads"):
+        run(tmp_path / "bad", *MTBENCH, f"decoders=[{{use:medusa,heads:'{tmp_path / 'nowhere'}'}}]")

@@ -276,3 +276,47 @@ def test_medusa_is_a_registered_source_named_in_labels():
 
     assert SOURCES["medusa"].drafter and SOURCES["medusa"].hidden
     assert config_label(MEDUSA) == "pool_N4G0_tree_md12_d4"
+
+
+# ---------------------------------------------------------------------------------------------
+# Training
+
+
+def test_training_saves_heads_with_their_curve_and_accuracy_and_resumes(tmp_path, capsys):
+    from experiments.presets import medusa as preset
+
+    out = tmp_path / "heads"
+    args = ["train", "--model", "tiny-llama", "--out", str(out), "--tokens", "6000", "--batch", "64",
+            "--eval-every", "3", "--heads", "3"]
+    preset.main(args + ["--steps", "6"])
+    config = json.loads((out / "config.json").read_text())
+    assert config["medusa_num_heads"] == 3 and config["shared_lm_head"]
+    assert len(config["accuracy"]) == 3 and all(len(row) == 10 and sum(row) <= 1 + 1e-6 for row in config["accuracy"])
+    record = config["training"]
+    assert record["corpus"] == preset.CORPUS and record["steps"] == 6 and record["files"]["code"] > 0
+    assert record["files"]["prose"] > 0 and record["tokens"] == (6000 // 2 // preset.CHUNK) * preset.CHUNK * 2
+    curve = (out / "curve.csv").read_text().splitlines()
+    assert len(curve) == 1 + 6 and "heldout_top1_3" in curve[0] and (out / "curve.png").stat().st_size > 0
+    shards = {p.name: p.stat().st_mtime_ns for p in (out / "work").rglob("shard_*.pt")}
+    capsys.readouterr()
+    preset.main(args + ["--steps", "9"])
+    assert "resuming at step 6 of 9" in capsys.readouterr().out
+    assert len((out / "curve.csv").read_text().splitlines()) == 1 + 9
+    assert {p.name: p.stat().st_mtime_ns for p in (out / "work").rglob("shard_*.pt")} == shards   # cached once
+    model = tiny_random_model("llama")
+    heads = load_heads(out, model)
+    lm = CausalLM(model, drafters={"medusa": heads})
+    prompt = prompt_for(128, 9)
+    assert decode(lm, prompt, MEDUSA, DecodeLimits(max_new_tokens=20)).tokens == \
+        decode(model, prompt, None, DecodeLimits(max_new_tokens=20)).tokens
+
+
+def test_the_corpus_is_the_standard_library_code_then_its_docstrings():
+    from experiments.presets.medusa import docstrings, stdlib_files
+
+    files = stdlib_files(0)
+    assert files == stdlib_files(0) and files != stdlib_files(1)
+    assert not any({"test", "tests", "idlelib"} & set(p.parts) for p in files)
+    docs = docstrings('"""A module docstring that is long enough to be kept by the corpus filter, surely, at 80+ chars."""\n'
+                      'def f():\n    """short"""\n')
+    assert docs == ["A module docstring that is long enough to be kept by the corpus filter, surely, at 80+ chars."]

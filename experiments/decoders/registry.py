@@ -26,6 +26,7 @@ import dataclasses
 import json
 import typing
 from collections.abc import Sequence
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Optional
 
@@ -135,6 +136,8 @@ def _core_params() -> type:
         else:
             default = field(default_factory=f.default_factory)
         fields.append((f.name, hint, default))
+    # Not a LookaheadConfig field: where the trained drafters of ``sources`` come from.
+    fields.append(("heads", str, field(default="")))
     return dataclasses.make_dataclass("CoreParams", fields)
 
 
@@ -166,10 +169,29 @@ class CoreDecoder(Decoder):
     def __init__(self, name: str, params: Any, seed: int = 0) -> None:
         super().__init__(name, params, seed)
         self.config = lookahead_config(params, seed)    # validates (ValueError names the field)
+        if params.heads and not (Path(params.heads).expanduser() / "config.json").is_file():
+            raise ValueError(f"heads: {params.heads!r} holds no Medusa heads (no config.json there)")
 
-    # Every field beyond the paper's linear lookahead (trees, the other sources, budgets, costs):
-    # in the fingerprint only when set, so a field added later leaves earlier results' names alone.
-    LATER_FIELDS = tuple(f.name for f in dataclasses.fields(LookaheadConfig) if f.name not in LINEAR_FIELDS)
+    # Every field beyond the paper's linear lookahead (trees, the other sources, budgets, costs, the
+    # heads' folder): in the fingerprint only when set, so a field added later leaves earlier
+    # results' names alone.
+    LATER_FIELDS = tuple(f.name for f in dataclasses.fields(LookaheadConfig) if f.name not in LINEAR_FIELDS) + ("heads",)
+
+    def prepare(self, job) -> None:
+        """Loads the Medusa heads a config's ``sources`` name (``heads``, or the ones trained for the
+        job's model: ``python -m experiments.presets.medusa train``) onto the job's model."""
+        if self.config is None or "medusa" not in dict(self.config.sources) or "medusa" in job.lm.drafters:
+            return
+        from experiments.presets.medusa import heads_dir, train_command
+        from lookahead_core.medusa import load_heads
+
+        model = job.settings.model.name
+        folder = Path(self.params.heads).expanduser() if self.params.heads else heads_dir(model)
+        if not (folder / "config.json").is_file():
+            raise ValueError(f"{self.name}: no Medusa heads for {model} at {folder}; train them with "
+                             f"`{train_command(model)}` or set heads=<folder> (FasterDecoding's format)")
+        job.lm.drafters["medusa"] = load_heads(folder, job.model)
+        print(f"{self.name}: Medusa heads from {folder}")
 
     def tag(self) -> str:
         """The config's one name (``lookahead_core.config.config_label``), e.g. ``la_N5W7G7_pool_tree_sfx4_rc4_d6_k56``."""

@@ -79,13 +79,21 @@ def positive_int(text: str) -> int:
 
 
 def parse_core(text: str) -> LookaheadConfig:
-    """``ngram=5,window=7,guess=7,prompt_pool=1,tree=1`` -> that LookaheadConfig (bools as 0/1)."""
+    """``ngram=5,window=7,guess=7,prompt_pool=1,tree=1`` -> that LookaheadConfig (bools as 0/1); a
+    registered source's name sizes it (``medusa=8``: ``sources={"medusa": 8}``)."""
+    from lookahead_core.sources import SOURCES
+
     fields = {f.name: f.type for f in dataclasses.fields(LookaheadConfig)}
+    registered = sorted(name for name, kind in SOURCES.items() if kind.field is None)
     kwargs: dict[str, Any] = {}
     for part in filter(None, text.split(",")):
         key, _, value = part.partition("=")
+        if key in registered and value.isdigit():
+            kwargs.setdefault("sources", {})[key] = int(value)
+            continue
         if key not in fields or key == "seed" or not value:
-            raise argparse.ArgumentTypeError(f"{part!r}: expected key=value with key in {sorted(fields)}")
+            raise argparse.ArgumentTypeError(f"{part!r}: expected key=value with key in {sorted(fields)} "
+                                             f"or a registered source {registered}")
         try:
             number = int(value)
         except ValueError:

@@ -95,7 +95,7 @@ def corpus_chunks(tokenizer, tokens: int, seed: int = 0) -> tuple[list[list[int]
                 continue
             used[kind].append(str(path.relative_to(root)))
             for text in texts:
-                buffer += tokenizer(text + "\n\n", add_special_tokens=False)["input_ids"]
+                buffer += tokenizer.encode(text + "\n\n", add_special_tokens=False)
             while len(buffer) >= CHUNK and budget >= CHUNK:
                 chunks.append(buffer[:CHUNK])
                 buffer, budget = buffer[CHUNK:], budget - CHUNK
@@ -178,6 +178,9 @@ def train(args: argparse.Namespace) -> Path:
     work = out / "work"
     work.mkdir(parents=True, exist_ok=True)
     model, tokenizer = load_model(args.model, dtype="float32", device=args.device)
+    if tokenizer is None:                           # the tiny random test models ship none
+        from experiments.models.tiny_tokenizer import ByteTokenizer
+        tokenizer = ByteTokenizer(model.config.vocab_size)
     for p in model.parameters():
         p.requires_grad_(False)
     chunks, record = corpus_chunks(tokenizer, args.tokens, args.seed)
