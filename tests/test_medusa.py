@@ -286,7 +286,7 @@ def test_training_saves_heads_with_their_curve_and_accuracy_and_resumes(tmp_path
     from experiments.presets import medusa as preset
 
     out = tmp_path / "heads"
-    args = ["train", "--model", "tiny-llama", "--out", str(out), "--tokens", "6000", "--batch", "64",
+    args = ["train", "--model", "tiny_llama", "--out", str(out), "--tokens", "6000", "--batch", "64",
             "--eval-every", "3", "--heads", "3"]
     preset.main(args + ["--steps", "6"])
     config = json.loads((out / "config.json").read_text())

@@ -49,6 +49,16 @@ def heads_dir(model: str, cache_dir: str | Path | None = None) -> Path:
     return root / "medusa" / model
 
 
+def model_spec(model: str) -> str:
+    """A harness model name (``conf/model/<name>.yaml``) -> its loader spec; anything else as is."""
+    import yaml
+
+    from experiments.data.datasets import repo_root
+
+    path = repo_root() / "conf" / "model" / f"{model}.yaml"
+    return yaml.safe_load(path.read_text()).get("spec", model) if path.is_file() else model
+
+
 def train_command(model: str) -> str:
     return f"python -m experiments.presets.medusa train --model {model}"
 
@@ -177,7 +187,7 @@ def train(args: argparse.Namespace) -> Path:
     out = Path(args.out) if args.out else heads_dir(args.model, args.cache_dir)
     work = out / "work"
     work.mkdir(parents=True, exist_ok=True)
-    model, tokenizer = load_model(args.model, dtype="float32", device=args.device)
+    model, tokenizer = load_model(model_spec(args.model), dtype="float32", device=args.device)
     if tokenizer is None:                           # the tiny random test models ship none
         from experiments.models.tiny_tokenizer import ByteTokenizer
         tokenizer = ByteTokenizer(model.config.vocab_size)
