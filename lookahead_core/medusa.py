@@ -94,10 +94,16 @@ class MedusaHeads(nn.Module):
         return torch.stack(outs)
 
     @torch.inference_mode()
-    def top_tokens(self, hidden: torch.Tensor, k: int) -> list[list[int]]:
-        """(H,) one hidden state -> per head its ``k`` most likely tokens, best first."""
-        hidden = hidden.to(device=self.device, dtype=self.dtype)
-        return self(hidden[None])[:, 0].topk(k, dim=-1).indices.tolist()
+    def top_tokens(self, hidden: torch.Tensor, k: int, heads: int | None = None) -> list[list[int]]:
+        """(H,) one hidden state -> per head (the first ``heads``, default all) its ``k`` most likely
+        tokens, best first."""
+        hidden = hidden.to(device=self.device, dtype=self.dtype)[None]
+        shared = self._shared[0]
+        tops = []
+        for head in self.heads[:heads]:
+            logits = head(hidden) if shared is None else shared(head(hidden))
+            tops.append(logits[0].topk(k).indices.tolist())
+        return tops
 
     @property
     def device(self) -> torch.device:
@@ -226,6 +232,7 @@ class MedusaSource:
         accuracy = [row[:min(TOP_RANKS, heads.vocab_size)] for row in heads.accuracy[:depth]]
         self.heads, self.paths = heads, medusa_tree(accuracy, size)
         self.ranks = 1 + max((max(p) for p in self.paths), default=0)
+        self.depth = max((len(p) for p in self.paths), default=0)        # heads the tree uses
         self.leaves = [p for p in self.paths if not any(len(q) == len(p) + 1 and q[:-1] == p for q in self.paths)]
         self.top: list[list[int]] | None = None
 
@@ -240,4 +247,7 @@ class MedusaSource:
                 for path in self.leaves]
 
     def update(self, outcome) -> None:
-        self.top = self.heads.top_tokens(outcome.hidden, self.ranks) if outcome.hidden is not None else None
+        if outcome.hidden is None or not self.depth:
+            self.top = None
+        else:
+            self.top = self.heads.top_tokens(outcome.hidden, self.ranks, self.depth)

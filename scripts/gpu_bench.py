@@ -161,7 +161,13 @@ def prefilled_pool(ngram: int, guess: int, vocab: int, seed: int = 0) -> NGramPo
 
 
 def time_loop(model, config: LookaheadConfig | None, prompt: list[int], steps: int) -> dict:
+    """Ms per step of ``config``'s decode loop; a config with Medusa heads gets random ones of the
+    shape (their forward is part of the step's host time)."""
     vocab = model.config.vocab_size
+    if config is not None and "medusa" in dict(config.sources):
+        from lookahead_core.medusa import for_model
+
+        model = CausalLM(model, drafters={"medusa": for_model(model, max(config.draft_depth, 1))})
     state = None
     if config is not None and config.guess:
         state = DecodeState.with_pool(prefilled_pool(config.ngram, config.guess, vocab))

@@ -38,7 +38,7 @@ from pathlib import Path
 CHUNK = 256                     # tokens per training chunk
 HELD_OUT = 0.05                 # share of chunks held out for the accuracy table
 LOSS_DECAY = 0.8                # head k's loss weight: LOSS_DECAY ** (k - 1)
-CORPUS = "python-stdlib-v1"     # names the corpus recipe below (part of the cache key)
+CORPUS = "python-stdlib-v2"     # names the corpus recipe below (part of the cache key)
 
 
 def heads_dir(model: str, cache_dir: str | Path | None = None) -> Path:
@@ -68,9 +68,10 @@ def train_command(model: str) -> str:
 
 
 def stdlib_files(seed: int) -> list[Path]:
-    """The standard library's modules (no tests, no IDLE, no site-packages), in a seeded order."""
+    """The standard library's modules in a seeded order: no tests, no IDLE, no site-packages, and no
+    ``encodings`` (generated charmap tables, not code anyone writes)."""
     root = Path(sysconfig.get_paths()["stdlib"])
-    skip = {"test", "tests", "idlelib", "site-packages", "dist-packages", "lib2to3", "turtledemo"}
+    skip = {"test", "tests", "idlelib", "site-packages", "dist-packages", "lib2to3", "turtledemo", "encodings"}
     files = sorted(p for p in root.rglob("*.py") if not skip & set(p.relative_to(root).parts))
     random.Random(seed).shuffle(files)
     return files
@@ -121,16 +122,19 @@ def corpus_chunks(tokenizer, tokens: int, seed: int = 0) -> tuple[list[list[int]
 # Stage 1: the base's hidden states, cached once
 
 
-def cache_hidden(model, chunks: list[list[int]], folder: Path, batch: int = 8) -> None:
+def cache_hidden(model, chunks: list[list[int]], folder: Path, batch: int = 8) -> float:
     """fp16 last hidden states and the base's argmax for every chunk, in shards of ``batch`` chunks
-    (a shard already on disk is kept: the stage resumes)."""
+    (a shard already on disk is kept: the stage resumes); returns the seconds all shards took."""
     import torch
     from tqdm import tqdm
 
     folder.mkdir(parents=True, exist_ok=True)
+    timing = folder / "seconds.json"
+    seconds = json.loads(timing.read_text())["seconds"] if timing.is_file() else 0.0
     starts = range(0, len(chunks), batch)
     todo = [s for s in starts if not (folder / f"shard_{s:06d}.pt").is_file()]
     for start in tqdm(todo, desc="hidden states", unit="shard", disable=not todo):
+        t0 = time.perf_counter()
         ids = torch.tensor(chunks[start:start + batch], device=model.device)
         with torch.inference_mode():
             out = model(input_ids=ids, output_hidden_states=True, use_cache=False)
@@ -139,6 +143,9 @@ def cache_hidden(model, chunks: list[list[int]], folder: Path, batch: int = 8) -
         tmp = folder / f"shard_{start:06d}.tmp"
         torch.save(shard, tmp)
         tmp.rename(folder / f"shard_{start:06d}.pt")
+        seconds += time.perf_counter() - t0
+        timing.write_text(json.dumps({"seconds": round(seconds, 1)}))
+    return seconds
 
 
 def load_hidden(folder: Path):
@@ -198,10 +205,8 @@ def train(args: argparse.Namespace) -> Path:
         raise SystemExit(f"the corpus gave {len(chunks)} chunks of {CHUNK} tokens: ask for more --tokens")
     key = {"model": args.model, **{k: record[k] for k in ("corpus", "python", "seed", "tokens")}}
     hidden_dir = work / ("hidden_" + "_".join(f"{v}" for v in key.values()).replace("/", "-"))
-    t0 = time.perf_counter()
-    cache_hidden(model, chunks, hidden_dir)
+    cache_seconds = cache_hidden(model, chunks, hidden_dir)
     hidden, argmax = load_hidden(hidden_dir)
-    cache_seconds = time.perf_counter() - t0
     n_eval = max(1, int(len(chunks) * HELD_OUT))
     g = torch.Generator().manual_seed(args.seed)
     order = torch.randperm(len(chunks), generator=g)
