@@ -320,3 +320,29 @@ def test_the_corpus_is_the_standard_library_code_then_its_docstrings():
     docs = docstrings('"""A module docstring that is long enough to be kept by the corpus filter, surely, at 80+ chars."""\n'
                       'def f():\n    """short"""\n')
     assert docs == ["A module docstring that is long enough to be kept by the corpus filter, surely, at 80+ chars."]
+
+
+def test_the_benchmark_preset_runs_medusa_configs_and_collect_tabulates_them(tmp_path, monkeypatch):
+    from experiments.presets import benchmark
+    from experiments.presets.medusa import collect, heads_dir
+    from conftest import DATA_ROOT
+
+    monkeypatch.setenv("LOOKAHEAD_CACHE", str(tmp_path / "cache"))
+    save_heads(for_model(tiny_random_model("llama"), 4), heads_dir("tiny_llama"))
+    tree = "window=1,ngram=4,guess=4,pool_only=1,prompt_pool=1,tree=1,suffix=4,recycle=4,depth=6,budget=8"
+    threads = torch.get_num_threads()
+    try:
+        benchmark.main(["run", "--model", "tiny-llama", "--dataset", "mtbench", "--limit", "2", "--data-root",
+                        str(DATA_ROOT), "--max-new-tokens", "16", "--configs", "--pool-only", "--prompt-lookup", "3",
+                        "--core", "window=1,ngram=4,guess=0,pool_only=1,tree=1,depth=4,medusa=7", tree,
+                        tree + ",medusa=8", "--threads", "1", "--warmup", "0", "--out", str(tmp_path / "runs" / "a")])
+    finally:
+        torch.set_num_threads(threads)
+    text = collect(tmp_path / "runs")
+    for role in ("generate greedy", "core greedy", "prompt lookup k=3", "Medusa heads alone", "training-free tree",
+                 "Medusa + training-free tree"):
+        assert f"| {role} |" in text, role
+    assert "head 1" in text and (tmp_path / "runs" / "table.md").read_text() == text
+    speed = text.split("## Medusa nodes")[0].splitlines()
+    rows = [line for line in speed if line.startswith("| tiny_llama")]
+    assert len(rows) == 6 and all(line.endswith("| 100% |") for line in rows)   # every output equalled greedy

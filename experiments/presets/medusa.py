@@ -3,6 +3,7 @@
     python -m experiments.presets.medusa train --model smollm2_135m            # about 20-30 min here
     python -m experiments.presets.medusa train --model qwen25_coder_05b --tokens 60000
     python -m experiments.presets.medusa show --model smollm2_135m             # where they are, how they did
+    python -m experiments.presets.medusa collect results/medusa                # the benchmark runs as one table
 
 The text is the Python standard library of the running interpreter, read from its files (no
 download, the same on every machine with that Python): half **code** (the modules' source, in a
@@ -318,6 +319,55 @@ def show(args: argparse.Namespace) -> None:
     print("held-out top-1 per head:", [round(a[0], 3) for a in data["accuracy"]])
 
 
+def role(label: str) -> str:
+    """What a benchmarked decoder is, in the Medusa comparison."""
+    if "_md" in label:
+        return "Medusa + training-free tree" if ("sfx" in label or "rc" in label) else "Medusa heads alone"
+    if label.startswith("pool_") and "tree" in label:
+        return "training-free tree"
+    if label.startswith("hf_pld_k"):
+        return f"prompt lookup k={label[len('hf_pld_k'):]}"
+    return {"hf_greedy": "generate greedy", "greedy": "core greedy"}.get(label, label)
+
+
+def collect(root: Path) -> str:
+    """``root``'s benchmark runs (``scripts/runs/medusa/bench.sh``) as one table: per model and set,
+    every decoder's S, tokens fed per step and speedup over ``generate`` greedy; then the Medusa
+    nodes' acceptance per head (depth) and the decoders' overhead. Written to ``root/table.md``."""
+    import pandas as pd
+
+    from experiments.presets import benchmark
+    from experiments.reporting.tables import cell, markdown
+
+    speed, heads = [], []
+    for rows in sorted(root.glob("*/rows.csv")):
+        df = benchmark.load_rows(rows)
+        table = benchmark.summarize(df)
+        model, dataset = df["model"].iloc[0], df["dataset"].iloc[0]
+        for _, r in table.iterrows():
+            label = r["label"] or r["decoder"]
+            speed.append({"model": model, "set": dataset, "decoder": role(label), "config": label,
+                          "prompts": r["prompts"], "S": f"{r['S']:.2f}", "tokens/step": cell(r["tokens_per_step"], ".1f"),
+                          "speedup (sum)": f"{r['speedup_sum']:.2f}x", "speedup (median)": f"{r['speedup_median']:.2f}x",
+                          "outside the model": f"{100 * r['overhead']:.0f}%",
+                          "equal to greedy": f"{r['match_hf_greedy']:.0%}"})
+        acceptance = benchmark.draft_acceptance(df)
+        if len(acceptance):
+            for decoder, group in acceptance[acceptance["source"] == "medusa"].groupby("decoder"):
+                row = {"model": model, "set": dataset, "decoder": role(decoder)}
+                for _, r in group.sort_values("depth").iterrows():
+                    row[f"head {r['depth']}"] = (f"{r['acceptance']:.2f} ({r['accepted']}/{r['tried']})"
+                                                 if r["tried"] else "-")
+                heads.append(row)
+    text = "## Speed (ratio of summed decode time against `generate` greedy, same run)\n\n"
+    text += markdown(pd.DataFrame(speed, dtype=object)) if speed else "(no runs)\n"
+    text += "\n\n## Medusa nodes: accepted / tried per head (depth), summed over prompts\n\n"
+    text += markdown(pd.DataFrame(heads, dtype=object).fillna("-")) if heads else "(no Medusa rows)"
+    text += "\n"
+    (root / "table.md").write_text(text)
+    return text
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -326,6 +376,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         p.add_argument("--model", required=True, help="a harness model name (conf/model) or spec")
         p.add_argument("--out", default=None, help="the heads' folder (default: the cache's, keyed by model)")
         p.add_argument("--cache-dir", default=None, help="the cache root (default $LOOKAHEAD_CACHE)")
+    collect_parser = sub.add_parser("collect", help="the benchmark runs under a folder as one table (table.md)")
+    collect_parser.add_argument("root", type=Path)
     train_parser = sub.choices["train"]
     train_parser.add_argument("--heads", type=int, default=4)
     train_parser.add_argument("--layers", type=int, default=1)
@@ -338,7 +390,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     train_parser.add_argument("--threads", type=int, default=None)
     train_parser.add_argument("--device", default="cpu")
     args = parser.parse_args(argv)
-    train(args) if args.command == "train" else show(args)
+    if args.command == "collect":
+        print(collect(args.root))
+    else:
+        train(args) if args.command == "train" else show(args)
 
 
 if __name__ == "__main__":
