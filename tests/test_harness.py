@@ -530,7 +530,7 @@ def test_medusa_decoders_load_their_heads_and_match_greedy_or_say_how_to_train_t
     """``decoding=medusa`` finds the heads trained for the job's model in the cache (here written for
     the tiny model), ``heads=<folder>`` loads others; without any, the job names the training command."""
     from experiments.models.loader import tiny_random_model
-    from experiments.presets.medusa import heads_dir
+    from experiments.models.heads import heads_dir
     from lookahead_core.medusa import for_model, save_heads
 
     monkeypatch.setenv("LOOKAHEAD_CACHE", str(tmp_path / "cache"))

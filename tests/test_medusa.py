@@ -324,7 +324,8 @@ def test_the_corpus_is_the_standard_library_code_then_its_docstrings():
 
 def test_the_benchmark_preset_runs_medusa_configs_and_collect_tabulates_them(tmp_path, monkeypatch):
     from experiments.presets import benchmark
-    from experiments.presets.medusa import collect, heads_dir
+    from experiments.models.heads import heads_dir
+    from experiments.presets.medusa import collect
     from conftest import DATA_ROOT
 
     monkeypatch.setenv("LOOKAHEAD_CACHE", str(tmp_path / "cache"))

@@ -182,7 +182,7 @@ class CoreDecoder(Decoder):
         job's model: ``python -m experiments.presets.medusa train``) onto the job's model."""
         if self.config is None or "medusa" not in dict(self.config.sources) or "medusa" in job.lm.drafters:
             return
-        from experiments.presets.medusa import heads_dir, train_command
+        from experiments.models.heads import heads_dir, train_command
         from lookahead_core.medusa import load_heads
 
         model = job.settings.model.name

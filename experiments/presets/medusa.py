@@ -36,32 +36,12 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from experiments.models.heads import heads_dir, model_spec, train_command
+
 CHUNK = 256                     # tokens per training chunk
 HELD_OUT = 0.05                 # share of chunks held out for the accuracy table
 LOSS_DECAY = 0.8                # head k's loss weight: LOSS_DECAY ** (k - 1)
 CORPUS = "python-stdlib-v2"     # names the corpus recipe below (part of the cache key)
-
-
-def heads_dir(model: str, cache_dir: str | Path | None = None) -> Path:
-    """Where the trained heads of harness model ``model`` live (outside the repository)."""
-    from experiments.models.loader import default_cache_root
-
-    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_root()
-    return root / "medusa" / model
-
-
-def model_spec(model: str) -> str:
-    """A harness model name (``conf/model/<name>.yaml``) -> its loader spec; anything else as is."""
-    import yaml
-
-    from experiments.data.datasets import repo_root
-
-    path = repo_root() / "conf" / "model" / f"{model}.yaml"
-    return yaml.safe_load(path.read_text()).get("spec", model) if path.is_file() else model
-
-
-def train_command(model: str) -> str:
-    return f"python -m experiments.presets.medusa train --model {model}"
 
 
 # ---------------------------------------------------------------------------------------------
