@@ -19,6 +19,8 @@ Sources:
   logits computed at that token (every row the step already computes: input, tree, the window's
   last level; with ``recycle_window`` every window row); a tree grown from it by a fixed
   template (``recycle:<rank>``).
+* ``MedusaSource`` (``lookahead_core/medusa.py``): trained Medusa heads' top tokens along their
+  sparse tree (``medusa:<rank>``, depth = head), from the hidden state the step hands over.
 
 :class:`Proposer` combines any subset: it merges every draft into one tree (``layout.build_tree``),
 scores each node by the estimated probability that the walk reaches it (the product of per-(tag,
