@@ -230,7 +230,6 @@ def _run(model, prompts: list[list[int]], lookahead: LookaheadConfig | None, lim
         batch = [seqs[i] for i in live]
         steps = [_plan(seq, lm.position_limit) for seq in batch]
         past, valid = cache.get_seq_length(), [seq.committed for seq in batch]
-        hidden = any(seq.proposer is not None and seq.proposer.hidden for seq in batch)
         t0 = time.perf_counter()
         outs = lm.forward_batch(cache, [step.feed for step in steps], hidden)
         logits, states = zip(*outs) if hidden else (outs, [None] * len(outs))
@@ -301,7 +300,7 @@ def _finish(seq: _Sequence, plan: _Plan, logits: torch.Tensor, hidden: torch.Ten
         if proposer.topk:
             outcome = replace(outcome, row_tokens=[fed[r] for r in layout.logit_rows.tolist()],
                               row_topk=logits.topk(proposer.topk, dim=-1).indices.cpu())
-        if hidden is not None and proposer.hidden:      # the row whose logits gave the last kept token
+        if hidden is not None:          # a source wants the hidden state of the row that gave the last kept token
             outcome = replace(outcome, hidden=hidden[layout.tree_logits[verdict.path[kept - 2] + 1 if kept > 1 else 0]])
         proposer.update(outcome, plan.tree, verdict.path)
     return [0] + path_rows[: kept - 1]

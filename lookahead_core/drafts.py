@@ -324,14 +324,13 @@ class Proposer:
 
     def __init__(self, sources: Sequence[DraftSource], *, merge: bool, budget: int = 0,
                  window: JacobiWindow | None = None, stats: DraftStats | None = None,
-                 recycle_window: bool = False, step_costs: Sequence[float] = (), hidden: bool = False) -> None:
+                 recycle_window: bool = False, step_costs: Sequence[float] = ()) -> None:
         self.sources = list(sources)
         self.merge, self.budget, self.window = merge, budget, window
         self.step_costs = tuple(step_costs)           # relative cost of a k-token step, k = 1 .. budget
         self.recycle_window = recycle_window          # the step keeps every window row's logits
         self.stats = stats if stats is not None else DraftStats()
         self.topk = max((s.topk for s in self.sources), default=0)
-        self.hidden = hidden                          # a source wants StepOutcome.hidden
 
     @classmethod
     def from_config(cls, config: LookaheadConfig, context: Sequence[int], pool: NGramPool,
@@ -347,8 +346,7 @@ class Proposer:
             sources.append(NGramSource(pool, window, config.prompt_pool, context))
         sources += [kind.build(config, size, context, drafters) for kind, size in registered if not kind.before_pool]
         return cls(sources, merge=config.tree, budget=config.budget, window=window,
-                   recycle_window=config.recycle_window, step_costs=config.step_costs,
-                   hidden=any(kind.hidden for kind, _ in registered))
+                   recycle_window=config.recycle_window, step_costs=config.step_costs)
 
     def propose(self, context: Sequence[int], window_rows: int) -> DraftTree:
         tree = build_tree([d for s in self.sources for d in s.propose(context)], self.merge)

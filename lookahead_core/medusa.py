@@ -85,25 +85,22 @@ class MedusaHeads(nn.Module):
     def shares_lm_head(self) -> bool:
         return self._shared[0] is not None
 
+    def head_logits(self, k: int, hidden: torch.Tensor) -> torch.Tensor:
+        """(..., H) last hidden states -> (..., V) logits of head k (0-based)."""
+        out = self.heads[k](hidden)
+        shared = self._shared[0]
+        return out if shared is None else shared(out)
+
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """(..., H) last hidden states -> (K, ..., V) logits of the K heads."""
-        shared = self._shared[0]
-        outs = [head(hidden) for head in self.heads]
-        if shared is not None:
-            outs = [shared(h) for h in outs]
-        return torch.stack(outs)
+        return torch.stack([self.head_logits(k, hidden) for k in range(self.num_heads)])
 
     @torch.inference_mode()
     def top_tokens(self, hidden: torch.Tensor, k: int, heads: int | None = None) -> list[list[int]]:
         """(H,) one hidden state -> per head (the first ``heads``, default all) its ``k`` most likely
         tokens, best first."""
-        hidden = hidden.to(device=self.device, dtype=self.dtype)[None]
-        shared = self._shared[0]
-        tops = []
-        for head in self.heads[:heads]:
-            logits = head(hidden) if shared is None else shared(head(hidden))
-            tops.append(logits[0].topk(k).indices.tolist())
-        return tops
+        hidden = hidden.to(device=self.device, dtype=self.dtype)
+        return [self.head_logits(h, hidden).topk(k).indices.tolist() for h in range(heads or self.num_heads)]
 
     @property
     def device(self) -> torch.device:
@@ -222,8 +219,9 @@ def medusa_tree(accuracy: Sequence[Sequence[float]], size: int) -> list[tuple[in
 
 
 class MedusaSource:
-    """The ``medusa`` draft source (registered in ``lookahead_core/sources.py``): drafts from Medusa heads: ``size`` tree nodes (:func:`medusa_tree`), tagged ``medusa:<rank>``
-    per depth (= head), so acceptance is measured per head and rank."""
+    """The ``medusa`` draft source (registered in ``lookahead_core/sources.py``): drafts from Medusa
+    heads, ``size`` tree nodes (:func:`medusa_tree`), tagged ``medusa:<rank>`` per depth (= head), so
+    acceptance is measured per head and rank."""
 
     topk = 0
 
@@ -233,7 +231,8 @@ class MedusaSource:
         self.heads, self.paths = heads, medusa_tree(accuracy, size)
         self.ranks = 1 + max((max(p) for p in self.paths), default=0)
         self.depth = max((len(p) for p in self.paths), default=0)        # heads the tree uses
-        self.leaves = [p for p in self.paths if not any(len(q) == len(p) + 1 and q[:-1] == p for q in self.paths)]
+        parents = {p[:-1] for p in self.paths}
+        self.leaves = [p for p in self.paths if p not in parents]
         self.top: list[list[int]] | None = None
 
     @classmethod

@@ -199,10 +199,11 @@ def train(args: argparse.Namespace) -> Path:
     heads.train()
     optimizer = torch.optim.AdamW(heads.parameters(), lr=args.lr, weight_decay=0.0)
     state_path, curve_path = work / "train_state.pt", out / "curve.csv"
-    step, seconds, curve = 0, 0.0, []
+    state_key = {**key, "heads": args.heads, "layers": args.layers, "lr": args.lr, "batch": args.batch}
+    step, seconds, curve, accuracy = 0, 0.0, [], None
     if state_path.is_file():
         saved = torch.load(state_path, weights_only=False)
-        if saved["key"] == {**key, "heads": args.heads, "layers": args.layers, "lr": args.lr, "batch": args.batch}:
+        if saved["key"] == state_key:
             heads.heads.load_state_dict(saved["heads"])
             optimizer.load_state_dict(saved["optimizer"])
             step, seconds, curve = saved["step"], saved["seconds"], saved["curve"]
@@ -226,24 +227,24 @@ def train(args: argparse.Namespace) -> Path:
         row = {"step": step, "seconds": round(seconds, 1),
                **{f"loss_{k + 1}": round(float(losses[k].detach()), 4) for k in range(args.heads)},
                **{f"top1_{k + 1}": round(float(top1[k]), 4) for k in range(args.heads)}}
-        if step % args.eval_every == 0 or step == args.steps:
+        checkpoint = step % args.eval_every == 0 or step == args.steps     # the last step always is one
+        if checkpoint:
             heads.eval()
-            acc = evaluate(heads, hidden, argmax, eval_pos)
+            accuracy = evaluate(heads, hidden, argmax, eval_pos)
             heads.train()
-            row.update({f"heldout_top1_{k + 1}": round(acc[k][0], 4) for k in range(args.heads)})
+            row.update({f"heldout_top1_{k + 1}": round(accuracy[k][0], 4) for k in range(args.heads)})
         curve.append(row)
         bar.update(1)
         bar.set_postfix(loss=f"{float(losses[0].detach()):.2f}", top1=f"{float(top1[0]):.2f}")
-        if step % args.eval_every == 0 or step == args.steps:
+        if checkpoint:
             tmp = state_path.with_suffix(".tmp")
-            torch.save({"key": {**key, "heads": args.heads, "layers": args.layers, "lr": args.lr,
-                                "batch": args.batch},
-                        "heads": heads.heads.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
-                        "seconds": seconds, "curve": curve}, tmp)
+            torch.save({"key": state_key, "heads": heads.heads.state_dict(), "optimizer": optimizer.state_dict(),
+                        "step": step, "seconds": seconds, "curve": curve}, tmp)
             tmp.rename(state_path)
     bar.close()
     heads.eval()
-    accuracy = evaluate(heads, hidden, argmax, eval_pos)
+    if accuracy is None:                           # resumed after the last step: nothing evaluated yet
+        accuracy = evaluate(heads, hidden, argmax, eval_pos)
     heads.accuracy = accuracy
     heads.training_record = {**record, "targets": "the base's argmax k positions ahead (self-distillation)",
                              "held_out_chunks": n_eval, "steps": args.steps, "batch": args.batch, "lr": args.lr,
