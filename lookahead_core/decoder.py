@@ -113,7 +113,8 @@ def decode(
     sampling = sampling or SamplingConfig()
     verify = make_verifier(sampling, generator)
     prompt = validate_input_ids(input_ids)           # before the model is touched
-    return _run(model, [prompt], lookahead, limits, [verify], state, tokenizer)[0]
+    return _run(model, [prompt], lookahead, limits, [verify], state, tokenizer,
+                state.drafts if state is not None else None)[0]
 
 
 @torch.inference_mode()
@@ -125,6 +126,7 @@ def decode_batch(
     sampling: SamplingConfig | None = None,
     *,
     tokenizer=None,
+    prior: DraftStats | None = None,
 ) -> list[DecodeOutput]:
     """Generate after each of ``prompts`` (token lists of any lengths), one forward per step for all.
 
@@ -152,14 +154,16 @@ def decode_batch(
     batch: its cache row is dropped, and its output takes a copy of its KV (``DecodeOutput.state``).
 
     Stats are per sequence; a step's model time counts for every sequence in it (each waited for
-    the whole forward), and ``decode_seconds`` runs until that sequence finished.
+    the whole forward), and ``decode_seconds`` runs until that sequence finished. ``prior``: the
+    draft acceptance every sequence's tree starts from (``DraftStats.prior``; ``decode`` takes it
+    as ``state.drafts``).
     """
     sampling = sampling or SamplingConfig()
     prompts = [validate_input_ids(p) for p in prompts]       # before the model is touched
     if not prompts:
         raise ValueError("prompts is empty")
     verifiers = [make_verifier(replace(sampling, seed=sampling.seed + b)) for b in range(len(prompts))]
-    return _run(model, prompts, lookahead, limits, verifiers, None, tokenizer)
+    return _run(model, prompts, lookahead, limits, verifiers, None, tokenizer, prior)
 
 
 @dataclass
@@ -181,7 +185,8 @@ class _Sequence:
 
 
 def _run(model, prompts: list[list[int]], lookahead: LookaheadConfig | None, limits: DecodeLimits | None,
-         verifiers: list[Verifier], state: DecodeState | None, tokenizer) -> list[DecodeOutput]:
+         verifiers: list[Verifier], state: DecodeState | None, tokenizer,
+         prior: DraftStats | None = None) -> list[DecodeOutput]:
     """The decode loop, for one sequence or many."""
     limits = limits or DecodeLimits()
     if limits.stop_strings and tokenizer is None:
@@ -198,7 +203,7 @@ def _run(model, prompts: list[list[int]], lookahead: LookaheadConfig | None, lim
                                len(seq.prompt))
         if lookahead is not None:
             seq.proposer = Proposer.from_config(lookahead, seq.tokens, seq.pool, seq.prompt, lm.drafters)
-            seq.stats.drafts.prior = state.drafts if state is not None else None
+            seq.stats.drafts.prior = prior
             seq.proposer.stats = seq.stats.drafts
             if hidden:       # the prefill's outcome: no new n-grams, the hidden state the first tree drafts from
                 seq.proposer.update(StepOutcome(seq.tokens, len(seq.tokens), seq.tokens[-1], hidden=last_hidden),

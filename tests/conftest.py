@@ -48,3 +48,12 @@ def needs_full_data(dataset: str | None = None, *, why: str = "", **options: obj
 def data_root() -> Path:
     """The full offline data when present, else the committed fixtures."""
     return DATA_ROOT
+
+
+@pytest.fixture(autouse=True)
+def calibration_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """``auto``'s calibration cache (latency curves, acceptance, picks) in a fresh folder per test:
+    no test reuses another's calibration, and none writes to the user's cache."""
+    root = tmp_path_factory.mktemp("calibration")
+    monkeypatch.setenv("LOOKAHEAD_CALIBRATION_CACHE", str(root))
+    return root

@@ -258,10 +258,12 @@ def test_tree_fields_at_their_defaults_keep_old_results_paths() -> None:
     assert tree.results_path() != settings.results_path() and tree.candidates[0].config.tree
     assert tree.candidates[0].fingerprint()[2]["tree"] is True
     assert "step_costs" not in params and "recycle_window" not in params     # yaml [] equals the default ()
-    auto = to_settings(compose_config("experiment=mtbench", "decoding=auto")).candidates[0]
-    assert "cost_aware" not in auto.fingerprint()[2]
-    aware = to_settings(compose_config("experiment=mtbench", "decoding=auto", "decoding.cost_aware=true"))
-    assert aware.candidates[0].fingerprint()[2]["cost_aware"] is True and aware.results_path() != settings.results_path()
+    auto = to_settings(compose_config("experiment=mtbench", "decoding=auto"))
+    again = to_settings(compose_config("experiment=mtbench", "decoding=auto", "decoding.recalibrate=true"))
+    assert "recalibrate" not in auto.candidates[0].fingerprint()[2]            # how it calibrates, not what
+    assert again.results_path() == auto.results_path() and again.candidates[0].params.recalibrate
+    longer = to_settings(compose_config("experiment=mtbench", "decoding=auto", "decoding.calibration_tokens=64"))
+    assert longer.results_path() != auto.results_path()
 
 
 def test_the_joblib_launcher_is_available() -> None:

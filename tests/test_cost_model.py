@@ -218,7 +218,7 @@ def test_cost_aware_trees_get_this_devices_step_costs(tiny):
     assert config_label(aware) == config_label(tree) + "_ca"
     assert cost.cost_aware(EXAMPLE) is EXAMPLE                              # linear branches: unchanged
     chosen, report = choose_config(tiny, repetitive_prompts(tiny.config.vocab_size), DecodeLimits(16),
-                                   grid=[tree], cost_model=cost, cost_aware=True, prune=False)
+                                   grid=[tree], cost_model=cost, prune=False)
     assert [(c.status, c.config.step_costs != ()) for c in report.candidates if c.config is not None] == [
         ("survey", False), ("calibrated", True)]                           # the survey is never a pick
 
@@ -241,8 +241,7 @@ def test_cost_aware_calibration_surveys_acceptance_first_and_cuts_every_tree_by_
     deep = LookaheadConfig(ngram=4, guess=0, pool_only=True, tree=True, suffix=1, depth=12, budget=13)
     wide = LookaheadConfig(ngram=3, guess=2, pool_only=True, tree=True, suffix=2, recycle=2, depth=4, budget=8)
     prompts = repetitive_prompts(tiny.config.vocab_size)
-    _, report = choose_config(tiny, prompts, DecodeLimits(16), grid=[deep, wide], cost_model=cost,
-                              cost_aware=True, prune=False)
+    _, report = choose_config(tiny, prompts, DecodeLimits(16), grid=[deep, wide], cost_model=cost, prune=False)
     surveys = [c for c in calls if c[0] is not None and not c[0].step_costs]
     assert [config_label(c[0]) for c in surveys] == ["pool_N4G2_tree_sfx2_rc2_d12_k13"] * len(prompts)
     assert all(prior is None for _, prior, _ in surveys)                  # the survey itself starts cold
@@ -252,8 +251,16 @@ def test_cost_aware_calibration_surveys_acceptance_first_and_cuts_every_tree_by_
     aware = [c for c in calls if c[0] is not None and c[0].step_costs]
     assert len(aware) == 2 * len(prompts) and all(prior == report.drafts for _, prior, _ in aware)
     assert calls.index(surveys[-1]) < calls.index(aware[0])
-    plain, plain_report = choose_config(tiny, prompts, DecodeLimits(16), grid=[deep], cost_model=cost, prune=False)
+    linear = LookaheadConfig(window=3, ngram=3, guess=2)
+    plain, plain_report = choose_config(tiny, prompts, DecodeLimits(16), grid=[linear], cost_model=cost, prune=False)
     assert plain_report.drafts is None                                    # no cost-aware tree, no survey
+
+    calls.clear()                                                         # acceptance measured before: no survey
+    _, stored = choose_config(tiny, prompts, DecodeLimits(16), grid=[deep, wide], cost_model=cost, prune=False,
+                              prior=report.drafts)
+    assert [c.status for c in stored.candidates] == ["calibrated"] * 3 and stored.drafts is report.drafts
+    assert all(c[0] is None or c[0].step_costs for c in calls)
+    assert all(prior == report.drafts for config, prior, _ in calls if config is not None)
 
 
 def test_calibration_prefills_each_prompt_once_and_decodes_as_a_fresh_prefill_would(tiny):
@@ -310,7 +317,7 @@ def test_auto_picks_lookahead_when_big_forwards_are_free(tiny):
     assert best.config == chosen and best.predicted > 1.0 and best.compression > 1.0
     # host time is negligible at 1 s/step (5%: tens of ms a step on a starved machine still pass)
     assert best.predicted == pytest.approx(best.compression, rel=0.05)
-    assert len(report.rows()) == len(default_grid()) + 1
+    assert len(report.rows()) == len(default_grid()) + 2                   # + greedy, + the acceptance survey
 
 
 def test_auto_screens_every_config_briefly_then_calibrates_the_best_few(tiny):

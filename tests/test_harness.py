@@ -214,12 +214,15 @@ def test_auto_picks_for_the_batch_size_and_decodes_with_its_pick(tmp_path: Path)
     assert len(decoded) == 2 and all(json.loads(params) == batch["chosen_config"] for params in decoded)
 
 
-def test_cost_aware_auto_decodes_from_its_calibrations_measured_acceptance(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The survey's acceptance is saved in the record; every first turn of ``auto`` starts from it,
-    a second turn from the first turn's state (the prior's counts plus the turn's), and a resumed
-    run reloads it from the record."""
+def test_auto_learns_acceptance_online_and_a_second_job_reuses_curve_pick_and_acceptance(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, calibration_cache: Path) -> None:
+    """The survey's acceptance is saved in the record; the first item's first turn starts from it,
+    its second turn from the first turn's state, and each later first turn from everything the
+    job's evaluated turns measured so far (never the warm-up's); the store keeps those counts. A
+    resumed run keeps its record; another job on the same model, data and machine reuses the
+    cached latency curve and pick (no calibration decode at all) and starts from the store."""
     import lookahead_core
+    from experiments.decoders import autotune
     from lookahead_core import DraftStats
     from lookahead_core import cost as cost_model
 
@@ -227,34 +230,53 @@ def test_cost_aware_auto_decodes_from_its_calibrations_measured_acceptance(
     priors: list = []
 
     def spy(model, ids, config=None, limits=None, sampling=None, *, state=None, **kwargs):
+        out = real(model, ids, config, limits, sampling, state=state, **kwargs)
         if config is not None and config.step_costs:
-            priors.append((bool(state.cached_tokens), state.drafts))
-        return real(model, ids, config, limits, sampling, state=state, **kwargs)
+            priors.append((bool(state.cached_tokens), limits.max_new_tokens, DraftStats.from_table(
+                state.drafts.table(by_source=False)), out.stats.drafts))
+        return out
 
     monkeypatch.setattr(lookahead_core, "decode", spy)
     grid = [lookahead_core.LookaheadConfig(ngram=4, guess=0, pool_only=True, tree=True, suffix=2, depth=6, budget=7)]
     choose = cost_model.choose_config
+    chosen: list = []
 
     def forced(model, prompts, limits, _grid=None, **kwargs):   # the tree, even where greedy would win
         _, report = choose(model, prompts, limits, grid, **kwargs)
         report.chosen = next(c.config for c in report.candidates if c.config is not None and c.status == "calibrated")
+        chosen.append(kwargs.get("prior"))
         return report.chosen, report
 
     monkeypatch.setattr(cost_model, "choose_config", forced)
     overrides = ["experiment=mtbench", "dataset.limit=2", "dataset.turns=2", "experiment.max_new_tokens=12",
-                 "decoding=auto", "decoding.cost_aware=true", "decoding.calibration_items=1",
-                 "decoding.calibration_tokens=8"]
+                 "decoding=auto", "decoding.calibration_items=1", "decoding.calibration_tokens=8"]
     path = run(tmp_path, *overrides, base=TINY_MODEL)
     record = json.loads(path.with_suffix(".auto.json").read_text())
     prior = DraftStats.from_table(record["draft_prior"])
+    assert record["draft_prior_source"] == "survey" and chosen == [None]
     assert sum(prior.tried.values()) > 0 and record["chosen_config"]["step_costs"]
-    first = [drafts for later, drafts in priors if not later]
-    second = [drafts for later, drafts in priors if later]
-    assert len(first) == len(second) == 2 and all(d == prior for d in first)
-    assert all(d.tried - prior.tried and not prior.tried - d.tried for d in second)   # prior + turn 1
-    priors.clear()
+    assert not record["latency_provenance"]["reused"] and record["latency_provenance"]["load_average"]
+    evaluated = [p for p in priors if p[1] == 12]                 # the warm-up decodes fewer tokens
+    assert [later for later, *_ in evaluated] == [False, True, False, True]
+    (_, _, first, turn1), (_, _, second, turn2), (_, _, third, turn3), (_, _, _, turn4) = evaluated
+    assert first == prior                                        # the calibration's survey
+    assert second.tried == prior.tried + turn1.tried             # the first turn's state
+    assert third.tried == prior.tried + turn1.tried + turn2.tried   # online: both of item 1's turns
+    store = autotune.AcceptanceStore(calibration_cache, "tiny_llama", "mtbench", "greedy")
+    assert store.load().tried == third.tried + turn3.tried + turn4.tried and store.decodes == 4
+
+    priors.clear()                                               # resumed: the record, not a new pick
     assert run(tmp_path, *overrides[:1], "dataset.limit=3", *overrides[2:], base=TINY_MODEL) == path
-    assert [d == prior for later, d in priors if not later] == [True]                # the resumed item
+    assert chosen == [None] and json.loads(path.with_suffix(".auto.json").read_text())["chosen"] == record["chosen"]
+
+    priors.clear()                                               # another job: nothing calibrated again
+    other = run(tmp_path / "other", *overrides, "dataset.offset=5", "dataset.limit=1", "decoding.calibration_offset=2",
+                base=TINY_MODEL)
+    reused = json.loads(other.with_suffix(".auto.json").read_text())
+    assert chosen == [None] and reused["reused_from"] and reused["latency_provenance"]["reused"]
+    assert reused["chosen"] == record["chosen"]
+    stored = store.load()
+    assert [p[2].tried for p in priors if p[1] == 12][0] == stored.tried - priors[-1][3].tried - priors[-2][3].tried
 
 
 @needs_full_data("mtbench", why="it runs MT-Bench items 81-84 by id")
@@ -361,8 +383,8 @@ def test_decoding_auto_calibrates_outside_the_range_and_a_rerun_reuses_the_pick(
                  "decoding=auto", "decoding.calibration_tokens=8"]
     path = run(tmp_path, *overrides, base=TINY_MODEL)
     record = path.with_suffix(".auto.json")
-    assert path.name.startswith("auto-") and record.is_file() and seen == [2]
-    assert calibration_ids == ["83", "84"], "calibration must use items that are not evaluated"
+    assert path.name.startswith("auto-") and record.is_file() and seen == [3]
+    assert calibration_ids == ["83", "84", "85"], "calibration must use items that are not evaluated"
     df = read_rows(path)
     assert_complete(df, items=2, turns=1)
     assert set(df["decoder"]) == {"greedy", "auto"} and df[~df["baseline"]]["matches_greedy"].all()
@@ -375,7 +397,7 @@ def test_decoding_auto_calibrates_outside_the_range_and_a_rerun_reuses_the_pick(
 
     # A larger subset resumes the same file with the recorded pick: no second calibration.
     assert run(tmp_path, *overrides[:1], "dataset.limit=3", *overrides[2:], base=TINY_MODEL) == path
-    assert seen == [2]
+    assert seen == [3]
     assert_complete(read_rows(path), items=3, turns=1)
 
 

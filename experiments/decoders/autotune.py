@@ -1,16 +1,33 @@
-"""``decoding=auto``: calibrate on prompts that are not evaluated, pick (W, N, G), remember the pick.
+"""``decoding=auto``: calibrate on prompts that are not evaluated, pick a config, remember the pick.
 
 The choice itself is :func:`lookahead_core.cost.choose_config`; this module runs it for the
 harness and the benchmark and stores its record (latency curve, every candidate's S and predicted
 speedup, the pick) as JSON beside the results. A rerun of the same command reloads that record
 instead of calibrating again, so a resumed run keeps decoding with the config it started with.
+
+What a calibration measures is also kept for other jobs, outside the repository, under
+:func:`cache_root` (``$LOOKAHEAD_CALIBRATION_CACHE``, default ``<model cache>/calibration``):
+
+* ``latency/``: the device's latency curve, a property of (model, dtype, device, threads,
+  attention implementation, batch size) and the KV length's power-of-two bucket
+  (:class:`CurveKey`), with the date and the load average it was measured under;
+* ``acceptance/``: draft acceptance per (tag, depth) for a (model, dataset, decoding mode),
+  updated after every evaluated item (:class:`AcceptanceStore`); a calibration that finds one
+  skips its survey decode, and the evaluated decodes start from it;
+* ``picks/``: whole calibration records, keyed by the curve, the calibration items, their tokens
+  and the grid (:func:`pick_key`): the same job on the same machine calibrates once.
 """
 
 from __future__ import annotations
 
+import datetime
+import hashlib
 import json
-from collections.abc import Sequence
-from dataclasses import asdict
+import os
+import platform
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -20,6 +37,8 @@ from lookahead_core import cost as cm
 from lookahead_core import decode
 from lookahead_core.config import DecodeLimits, LookaheadConfig, SamplingConfig, config_label
 from lookahead_core.drafts import DraftStats
+
+CACHE_FORMAT = 1           # bump when what a cached file means changes (its tags, its fields)
 
 FINALISTS = 3              # configs calibrated in full after the screen
 SCREEN_MIN_TOKENS = 8      # the screen decodes max(this, calibration tokens / 2) tokens per prompt
@@ -38,43 +57,58 @@ def calibrate(
     always: Sequence[LookaheadConfig] = (),
     sampling: SamplingConfig | None = None,
     finalists: int = FINALISTS,
-    cost_aware: bool = False,
+    cost_model: cm.CostModel | None = None,
+    prior: DraftStats | None = None,
+    shared: Path | None = None,
+    extra: dict | None = None,
 ) -> dict:
-    """Run ``choose_config`` (or reload its record from ``path``) and return the record.
+    """Run ``choose_config`` (or reload its record from ``path``, else from ``shared``) and return
+    the record, written to ``path`` and to ``shared``.
 
     ``grid`` defaults to the cost model's default grid; configs in ``always`` are calibrated even
     when their upper bound says they cannot win, so that each gets a prediction to check. Every
     config is first screened on half the calibration tokens; the ``finalists`` best are
-    then calibrated in full. ``cost_aware``: see ``choose_config``.
+    then calibrated in full. ``cost_model``: a latency curve measured before (:func:`latency_curve`);
+    ``prior``: draft acceptance measured before (no survey decode then); see ``choose_config``.
+    ``extra``: more fields for the record (the latency curve's provenance).
     """
     path = Path(path)
     if path.exists():
         return json.loads(path.read_text())
+    if shared is not None and shared.exists():
+        record = json.loads(shared.read_text())
+        record = {**record, **(extra or {}), "reused_from": str(shared)}
+        _write(path, record)
+        return record
     grid = list(cm.default_grid() if grid is None else grid)
-    grid += [c for c in always if c not in grid]
     with tqdm(desc="decoding=auto: calibrating", total=None, leave=False) as bar:
         chosen, report = cm.choose_config(
             model, prompts, limits, grid, always_calibrate=list(always), sampling=sampling,
             progress=lambda message: (bar.set_postfix_str(message), bar.update(1)),
             screen_tokens=max(SCREEN_MIN_TOKENS, limits.max_new_tokens // 2), finalists=finalists,
-            cost_aware=cost_aware,
+            cost_model=cost_model, prior=prior,
         )
     record = {
         "chosen": config_label(chosen),
         # Every field but the seed, which the run that uses the pick supplies.
         "chosen_config": None if chosen is None else {k: v for k, v in asdict(chosen).items() if k != "seed"},
+        "calibrated_at": _now(),
         "calibration_prompts": len(prompts),
         "calibration_tokens": limits.max_new_tokens,
         "calibration_seconds": report.seconds,
         "latency": report.cost_model.to_rows(),
         "candidates": report.rows(),
-        # The survey's acceptance per (tag, depth), the prior of the pick's decodes (cost-aware only).
+        # The acceptance per (tag, depth) the cost-aware decodes started from, and where it came from.
         "draft_prior": None if report.drafts is None else report.drafts.table(by_source=False),
+        "draft_prior_source": "stored" if prior is not None else ("survey" if report.drafts is not None else None),
         "markdown": "#### decoding=auto / cost model calibration\n\n" + report.to_markdown()
                     + "\n\nForward latency t(k)/t(1) on this device: "
                     + ", ".join(f"{k}: {r:.2f}" for k, r in report.cost_model.relative()),
+        **(extra or {}),
     }
     _write(path, record)
+    if shared is not None:
+        _write(shared, record)
     return record
 
 
@@ -86,8 +120,8 @@ def _write(path: Path, record: dict) -> None:
 
 
 def calibrate_batch(model, prompts: list[list[int]], limits: DecodeLimits, path: Path, record: dict, batch: int,
-                    *, grid: Sequence[LookaheadConfig] | None = None, sampling: SamplingConfig | None = None,
-                    repeats: int = 3) -> dict:
+                    *, sampling: SamplingConfig | None = None, repeats: int = 3,
+                    batch_cost: cm.CostModel | None = None) -> dict:
     """The pick for batches of ``batch`` sequences, added to ``record`` (the B = 1 calibration,
     saved again at ``path``) as ``record["batch"]``; a record that has it is returned as it is.
 
@@ -99,12 +133,11 @@ def calibrate_batch(model, prompts: list[list[int]], limits: DecodeLimits, path:
     """
     if "batch" in record:
         return record
-    calibrated = {row["decoder"] for row in record["candidates"] if row["status"] == "calibrated"}
-    configs = {config_label(c): c for c in (cm.default_grid() if grid is None else grid)
-               if config_label(c) in calibrated}
+    configs = {row["decoder"]: LookaheadConfig(**json.loads(row["params"])) for row in record["candidates"]
+               if row["status"] == "calibrated" and row.get("params")}
     alone = cm.CostModel.from_rows(record["latency"])
-    costs = {1: alone, batch: cm.measure_latency(model, alone.tokens, kv_length=alone.kv_length, repeats=repeats,
-                                                 batch=batch)}
+    costs = {1: alone, batch: batch_cost or cm.measure_latency(model, alone.tokens, kv_length=alone.kv_length,
+                                                               repeats=repeats, batch=batch)}
     calibration = {}
     for label, config in tqdm(configs.items(), desc=f"decoding=auto: per-step records for B={batch}", leave=False):
         outs = [decode(model, prompt, config, limits, sampling).stats for prompt in prompts]
@@ -144,3 +177,144 @@ def write_tables(record: dict, folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(record["latency"]).to_csv(folder / "latency.csv", index=False)
     pd.DataFrame(record["candidates"]).to_csv(folder / "calibration.csv", index=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# What a calibration measured, kept for later jobs
+
+
+def cache_root() -> Path:
+    """``$LOOKAHEAD_CALIBRATION_CACHE``, else ``calibration/`` under the model cache root."""
+    from experiments.models.loader import default_cache_root
+
+    env = os.environ.get("LOOKAHEAD_CALIBRATION_CACHE")
+    return Path(env).expanduser() if env else default_cache_root() / "calibration"
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def _slug(fields: dict) -> str:
+    """A readable, filesystem-safe name for ``fields`` plus a hash of all of them."""
+    digest = hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    words = "_".join(str(v) for v in fields.values() if isinstance(v, (str, int)) and len(str(v)) <= 24)
+    safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in words)
+    return f"{safe[:80]}_{digest}"
+
+
+def device_name(device) -> str:
+    """``cuda:<GPU name>`` or ``cpu:<processor name>``: a latency curve belongs to the chip, not
+    to the device type."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        return f"cuda:{torch.cuda.get_device_name(device)}"
+    name = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{device.type}:{name or platform.machine()}"
+
+
+def kv_bucket(kv_length: int) -> int:
+    """The power of two at or above ``kv_length`` (at least 64): the KV length a cached curve is
+    measured at, so that jobs whose prompts differ a little share it.
+
+    >>> [kv_bucket(n) for n in (1, 64, 65, 300, 1000)]
+    [64, 64, 128, 512, 1024]
+    """
+    return max(64, 1 << max(int(kv_length) - 1, 0).bit_length())
+
+
+@dataclass(frozen=True)
+class CurveKey:
+    """What a forward's latency depends on, hence what a cached curve is keyed by."""
+
+    model: str
+    dtype: str
+    device: str          # device_name(): the chip
+    threads: int         # torch intra-op threads
+    attention: str
+    batch: int
+    kv_length: int       # kv_bucket() of the job's mean prompt plus half its new tokens
+
+    @classmethod
+    def of(cls, lm, model: str, kv_length: int, batch: int = 1) -> CurveKey:
+        import torch
+
+        return cls(model, str(lm.model.dtype).removeprefix("torch."), device_name(lm.device),
+                   torch.get_num_threads(), lm.attention, batch, kv_bucket(kv_length))
+
+    def path(self, root: Path) -> Path:
+        return root / "latency" / f"{_slug(asdict(self))}.json"
+
+
+def latency_curve(lm, key: CurveKey, root: Path, *, remeasure: bool = False,
+                  measure: Callable[..., cm.CostModel] = cm.measure_latency) -> tuple[cm.CostModel, dict]:
+    """The latency curve for ``key``: the cached one, or (``remeasure``, none cached, another
+    format) measured now at the key's KV length and batch and cached. Returns the curve and its
+    provenance: the key, when and under which load average (1 minute, before and after) it was
+    measured, how long that took, and whether this call reused it."""
+    path = key.path(root)
+    if not remeasure and path.exists():
+        cached = json.loads(path.read_text())
+        if cached.get("format") == CACHE_FORMAT and cached.get("key") == asdict(key):
+            return cm.CostModel.from_rows(cached["rows"]), {**cached["meta"], "reused": True, "path": str(path)}
+    before, started = os.getloadavg()[0], time.perf_counter()
+    curve = measure(lm, kv_length=key.kv_length, batch=key.batch)
+    meta = {"key": asdict(key), "measured_at": _now(), "host": platform.node(),
+            "load_average": [before, os.getloadavg()[0]], "seconds": time.perf_counter() - started}
+    _write(path, {"format": CACHE_FORMAT, "key": asdict(key), "meta": meta, "rows": curve.to_rows()})
+    return curve, {**meta, "reused": False, "path": str(path)}
+
+
+def sampling_mode(sampling: SamplingConfig | None) -> str:
+    """``greedy`` or ``t0.7-k0-p0.9``: acceptance differs between them."""
+    if sampling is None or sampling.greedy:
+        return "greedy"
+    return f"t{sampling.temperature:g}-k{sampling.top_k}-p{sampling.top_p:g}"
+
+
+class AcceptanceStore:
+    """Draft acceptance per (tag, depth) measured on one (model, dataset, decoding mode), counts
+    summed over every decode that reported to it, in this job and earlier ones."""
+
+    def __init__(self, root: Path, model: str, dataset: str, mode: str) -> None:
+        self.key = {"model": model, "dataset": dataset, "mode": mode}
+        self.path = root / "acceptance" / f"{_slug(self.key)}.json"
+        self.decodes = 0                  # decodes the stored counts come from
+
+    def load(self) -> DraftStats | None:
+        """The stored counts (``None``: none stored, or in another format)."""
+        if not self.path.exists():
+            return None
+        stored = json.loads(self.path.read_text())
+        if stored.get("format") != CACHE_FORMAT or stored.get("key") != self.key:
+            return None
+        self.decodes = int(stored.get("decodes", 0))
+        return DraftStats.from_table(stored["table"])
+
+    def save(self, stats: DraftStats, new_decodes: int = 1) -> None:
+        """Store ``stats`` (the counts so far, those loaded included), ``new_decodes`` more than before."""
+        self.decodes += new_decodes
+        _write(self.path, {"format": CACHE_FORMAT, "key": self.key, "updated_at": _now(), "decodes": self.decodes,
+                           "table": stats.table(by_source=False)})
+
+
+def pick_key(curve: CurveKey, dataset: str, items: Sequence[str], tokens: int, mode: str,
+             grid: Sequence[LookaheadConfig], always: Sequence[LookaheadConfig] = ()) -> dict:
+    """What a calibration's pick depends on beyond the curve: the calibration items (by id), their
+    new tokens, the decoding mode and the configs it chose among."""
+    return {"curve": asdict(curve), "dataset": dataset, "items": list(items), "tokens": tokens, "mode": mode,
+            "grid": sorted(config_label(c) for c in grid), "always": sorted(config_label(c) for c in always),
+            "format": CACHE_FORMAT}
+
+
+def pick_path(root: Path, key: dict) -> Path:
+    return root / "picks" / f"{_slug({'model': key['curve']['model'], 'dataset': key['dataset'], **key})}.json"

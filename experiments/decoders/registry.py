@@ -93,6 +93,10 @@ class Decoder:
                       if k not in self.LATER_FIELDS or _normal(v) != _normal(defaults[k])}
         return [self.name, self.kind, params]
 
+    def learn(self, generation: Generation) -> None:
+        """Called with each evaluated turn's generation (the first repeat's; never the warm-up's),
+        after every repeat of that turn ran: what an online decoder may learn from."""
+
     def prepare(self, job: Any) -> None:
         """Called once after the model loads, before the warm-up."""
 
@@ -217,21 +221,24 @@ class CoreDecoder(Decoder):
 
 @register("auto")
 class AutoDecoder(CoreDecoder):
-    """The cost model's pick (lookahead_core/cost/): after the model loads it measures this
-    device's latency curve and calibrates a grid on items that are not evaluated, then decodes as
-    the config predicted fastest (greedy included); with ``batch_size`` B > 1, fastest for batches
-    of B (``autotune.calibrate_batch``). The record is saved beside the results
-    (``<csv>.auto.json``) and reused by a rerun, so a resumed job keeps its decoder."""
+    """The cost model's pick (lookahead_core/cost/): the device's latency curve (cached per
+    ``autotune.CurveKey``), then a grid calibrated on items that are not evaluated, every token
+    tree cut per step by this device's step costs and by draft acceptance measured before (stored
+    per model and dataset, else surveyed first); it decodes as the config predicted fastest
+    (greedy included), with B > 1 fastest for batches of B (``autotune.calibrate_batch``).
+
+    The record is saved beside the results (``<csv>.auto.json``) and reused by a rerun, so a
+    resumed job keeps its decoder; the pick is also cached for other jobs on the same curve,
+    items and grid (``autotune.pick_key``). Every evaluated decode starts from the acceptance
+    measured so far and adds its own to the store (online; the pick stays fixed)."""
 
     @dataclass
     class Params:
-        calibration_items: int = 2       # first turns of the items right after the evaluated range
-        calibration_tokens: int = 64     # new tokens per calibration decode
+        calibration_items: int = 3       # first turns of the items right after the evaluated range
+        calibration_tokens: int = 128    # new tokens per calibration decode
         calibration_offset: Optional[int] = None   # first calibration item; None: after the range
         predict: bool = False            # also calibrate the job's other core decoders (predicted vs measured)
-        cost_aware: bool = False         # trees with a budget feed, each step, only the nodes that pay (step_costs)
-
-    LATER_FIELDS = ("cost_aware",)
+        recalibrate: bool = False        # measure the latency curve and calibrate again, ignoring the caches
 
     def __init__(self, name: str, params: Any, seed: int = 0) -> None:
         Decoder.__init__(self, name, params, seed)
@@ -240,41 +247,90 @@ class AutoDecoder(CoreDecoder):
                              f"{params.calibration_items} and {params.calibration_tokens}")
         self.config = None
         self.record: dict | None = None
-        self.prior = None                # the calibration survey's draft acceptance (DraftStats)
+        self.prior = None                # draft acceptance so far (DraftStats): the next decode's prior
+        self.store = None                # autotune.AcceptanceStore the prior goes to
+
+    def fingerprint(self) -> Any:
+        name, kind, params = super().fingerprint()
+        return [name, kind, {k: v for k, v in params.items() if k != "recalibrate"}]   # how, not what
 
     def tag(self) -> str:
         return self.name
 
     def generate(self, job, ids, state, limits, sampling) -> Generation:
-        """A conversation's first turn starts from the calibration's measured draft acceptance;
-        later turns carry their own on (``DecodeState.drafts``)."""
+        """A conversation's first turn starts from the acceptance measured so far; later turns carry
+        their own on (``DecodeState.drafts``)."""
         if state is None and self.prior is not None:
             from lookahead_core import DecodeState
 
             state = DecodeState(cache=None, cached_tokens=[], drafts=self.prior)
         return super().generate(job, ids, state, limits, sampling)
 
+    def generate_batch(self, job, prompts, limits, sampling) -> list[Generation]:
+        from lookahead_core import decode_batch
+
+        outs = decode_batch(job.lm, prompts, self.config, limits, sampling, tokenizer=job.tokenizer, prior=self.prior)
+        return [Generation(out.tokens, None, out.stats) for out in outs]
+
+    def learn(self, generation: Generation) -> None:
+        """The turn's draft acceptance joins the prior of the next first turn, and the store."""
+        if self.prior is None or self.store is None or generation.stats is None:
+            return
+        self.prior.merge(generation.stats.drafts)
+        self.store.save(self.prior)
+
     def prepare(self, job) -> None:
+        import statistics
+
         from experiments.decoders import autotune
+        from lookahead_core import cost
 
         params = self.params
-        prompts = [job.prompt_ids(item, 0, ()) for item in
-                   job.calibration_items(params.calibration_items, params.calibration_offset)]
+        items = job.calibration_items(params.calibration_items, params.calibration_offset)
+        prompts = [job.prompt_ids(item, 0, ()) for item in items]
         limits = dataclasses.replace(job.settings.limits, max_new_tokens=params.calibration_tokens)
         always = [d.config for d in job.settings.decoders
                   if params.predict and isinstance(d, CoreDecoder) and d.config is not None and d is not self]
         sampling = None if job.settings.sampling.greedy else job.settings.sampling
         path = job.auto_record_path(self.name)
+        root, model, dataset = autotune.cache_root(), job.settings.model.name, job.settings.dataset.name
+        mode = autotune.sampling_mode(sampling)
+        self.store = autotune.AcceptanceStore(root, model, dataset, mode)
+        stored = None if params.recalibrate else self.store.load()
+        curve = shared = None
+        extra: dict = {}
+        if not path.exists():            # a resumed job keeps its own record, curve and pick
+            kv = int(statistics.fmean(len(p) for p in prompts) + params.calibration_tokens / 2)
+            key = autotune.CurveKey.of(job.lm, model, kv)
+            curve, extra["latency_provenance"] = autotune.latency_curve(job.lm, key, root, remeasure=params.recalibrate)
+            shared = autotune.pick_path(root, autotune.pick_key(
+                key, dataset, [item.item_id for item in items], params.calibration_tokens, mode, cost.default_grid(),
+                always))
+            if params.recalibrate:
+                shared.unlink(missing_ok=True)
         self.record = autotune.calibrate(job.lm, prompts, limits, path, sampling=sampling, always=always,
-                                         cost_aware=params.cost_aware)
+                                         cost_model=curve, prior=stored, shared=shared, extra=extra)
         batch = job.settings.batch_size
         if batch > 1:   # the pick for batches: what pays alone may not pay when B sequences share a forward
+            batch_cost = None
+            if "batch" not in self.record:
+                alone = cost.CostModel.from_rows(self.record["latency"])
+                key = autotune.CurveKey.of(job.lm, model, alone.kv_length, batch)
+                batch_cost, _ = autotune.latency_curve(job.lm, key, root, remeasure=params.recalibrate)
             self.record = autotune.calibrate_batch(job.lm, prompts, limits, path, self.record, batch,
-                                                   sampling=sampling)
+                                                   sampling=sampling, batch_cost=batch_cost)
         self.config = autotune.chosen_config(self.record, seed=self.seed)
-        self.prior = autotune.draft_prior(self.record)
+        self.prior = stored.learnt() if stored is not None else autotune.draft_prior(self.record)
+        if self.prior is None and self.config is not None:
+            from lookahead_core import DraftStats
+
+            self.prior = DraftStats()
+        curve_note = extra.get("latency_provenance") or self.record.get("latency_provenance") or {}
         print(f"{self.name}: the cost model chose {autotune.chosen_label(self.record)}"
-              + (f" for batches of {batch}" if batch > 1 else "") + f" (calibration record: {path})")
+              + (f" for batches of {batch}" if batch > 1 else "") + f" (calibration record: {path}"
+              + (f"; reused from {self.record['reused_from']}" if "reused_from" in self.record else "")
+              + (f"; latency curve of {curve_note['measured_at']} at load {curve_note['load_average'][0]:.1f}"
+                 if curve_note else "") + ")")
 
 
 # ---------------------------------------------------------------------------------------------

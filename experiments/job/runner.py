@@ -384,6 +384,7 @@ def run_batch(job: Job, batch: Sequence[Item], index: int) -> list[dict[str, Any
             results = {name: _median([timed[position] for timed in repeats]) for name, repeats in runs.items()}
             for decoder in decoders:
                 key = (item.item_id, decoder.name)
+                decoder.learn(results[decoder.name].output)      # after every repeat: each started alike
                 states[key] = results[decoder.name].output.state
                 answers[key].append(job.text(results[decoder.name].output.tokens))
             item_prompts = {d.name: prompts[item.item_id, d.name] for d in decoders}

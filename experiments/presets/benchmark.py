@@ -175,9 +175,7 @@ def job_config(args: argparse.Namespace):
         if offset is None and args.every > 1:          # the items right after the first benchmark item
             offset = args.offset + 1
         auto = {"calibration_items": args.calibration_prompts, "calibration_tokens": args.calibration_tokens,
-                "calibration_offset": offset, "predict": args.predict}
-        if args.cost_aware:
-            auto["cost_aware"] = True
+                "calibration_offset": offset, "predict": args.predict, "recalibrate": args.recalibrate}
     return compose_job(overrides, build_decoders(args.configs, args.pool, args.pool_only, args.prompt_lookup,
                                                  auto, args.core))
 
@@ -249,10 +247,10 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                         help="transformers prompt_lookup_num_tokens values (none: skip)")
     parser.add_argument("--auto", action="store_true", help="add the config choose_config picks")
     parser.add_argument("--predict", action="store_true", help="calibrate every config: predicted vs measured")
-    parser.add_argument("--cost-aware", action="store_true",
-                        help="auto's trees feed, each step, only the nodes that pay on this device (step_costs)")
+    parser.add_argument("--recalibrate", action="store_true",
+                        help="auto measures its latency curve and calibrates again, ignoring the calibration cache")
     parser.add_argument("--calibration-prompts", type=int, default=3)
-    parser.add_argument("--calibration-tokens", type=int, default=64)
+    parser.add_argument("--calibration-tokens", type=int, default=128)
     parser.add_argument("--calibration-offset", type=int, default=None,
                         help="default: right after the benchmark prompts (with --every: after the first one)")
     parser.add_argument("--repeats", type=int, default=1)

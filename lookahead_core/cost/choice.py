@@ -8,10 +8,11 @@ nothing is predicted to beat greedy. Greedy is always a candidate at speedup 1.0
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 
@@ -61,6 +62,8 @@ class Calibration:
             "S": self.compression, "step_tokens_mean": self.step_tokens_mean,
             "host_ms_per_step": 1e3 * self.host_seconds, "decode_seconds": self.decode_seconds,
             "predicted_speedup": self.predicted, "calibration_measured_speedup": self.measured,
+            # Every field but the seed (step costs included): what decodes as this row's config.
+            "params": None if config is None else json.dumps({k: v for k, v in asdict(config).items() if k != "seed"}),
         }
 
 
@@ -74,11 +77,13 @@ class ChoiceReport:
     calibration_prompts: int = 0
     calibration_tokens: int = 0
     seconds: float = 0.0
+    prior: DraftStats | None = field(default=None, repr=False)   # given to choose_config: no survey ran
 
     @property
     def drafts(self) -> DraftStats | None:
-        """The survey's acceptance per (tag, depth): the prior of cost-aware decodes (``None``: no survey)."""
-        return next((c.drafts for c in self.candidates if c.status == "survey"), None)
+        """The acceptance per (tag, depth) every cost-aware decode started from: the given prior or
+        the survey's (``None``: neither, i.e. no cost-aware tree in the grid)."""
+        return self.prior or next((c.drafts for c in self.candidates if c.status == "survey"), None)
 
     def rows(self) -> list[dict]:
         return [c.row() for c in self.candidates]
@@ -165,7 +170,7 @@ def choose_config(
     progress: Callable[[str], None] | None = None,
     screen_tokens: int | None = None,
     finalists: int = 3,
-    cost_aware: bool = False,
+    prior: DraftStats | None = None,
 ) -> tuple[LookaheadConfig | None, ChoiceReport]:
     """Pick the config of ``grid`` (default :func:`default_grid`) predicted fastest on this device.
 
@@ -184,14 +189,15 @@ def choose_config(
        every one in ``always_calibrate``) are calibrated in full, and only those can win.
     5. The best full prediction wins if it exceeds ``min_speedup``; otherwise greedy (``None``).
 
-    With ``cost_aware``, every token tree with a budget gets this device's ``step_costs`` (after
-    step 2, so they include greedy's host time): each of its steps then feeds only the nodes that
-    pay for themselves, from none up to the budget (``drafts.best_size``), judged by acceptance
-    rates measured first: a survey (:func:`survey_config`, fed without step costs) decodes every
-    calibration prompt, and its per-(tag, depth) acceptance is the prior of every cost-aware
-    decode after it (``DecodeState.drafts``), the calibration's and, via ``ChoiceReport.drafts``,
-    the evaluated ones'. Without it a step cuts by guesses, and what a guess undervalues is never
-    fed, so never measured.
+    Every token tree of ``grid`` with a budget gets this device's ``step_costs`` (after step 2, so
+    they include greedy's host time): each of its steps then feeds only the nodes that pay for
+    themselves, from none up to the budget (``drafts.best_size``), judged by acceptance rates
+    measured first. They come from ``prior`` (e.g. what earlier jobs on this model and dataset
+    measured), else from a survey (:func:`survey_config`, fed without step costs) that decodes
+    every calibration prompt; either is the prior of every cost-aware decode after it
+    (``DecodeState.drafts``), the calibration's and, via ``ChoiceReport.drafts``, the evaluated
+    ones'. Without one a step cuts by guesses, and what a guess undervalues is never fed, so never
+    measured. Configs in ``always_calibrate`` are calibrated as given (no step costs added).
 
     S grows with the length of the text (the pool fills up), so S from short calibrations is a
     slight underestimate for long generations. With ``sampling``, every calibration decode samples
@@ -223,11 +229,8 @@ def choose_config(
     greedy_per_token = greedy_seconds / max(sum(greedy_stats.accepted), 1)
     greedy = Calibration(None, "calibrated", 1.0, greedy_stats.steps, sum(greedy_stats.accepted),
                          1.0, greedy_host, greedy_seconds, 1.0, 1.0)
-    survey = None
-    if cost_aware:
-        grid = [cost_model.cost_aware(c) for c in grid]
-        always_calibrate = [cost_model.cost_aware(c) for c in always_calibrate]
-        survey = survey_config(list(grid) + list(always_calibrate))
+    grid = [cost_model.cost_aware(c) for c in grid]
+    survey = survey_config(grid) if prior is None else None
 
     def calibrate(config: LookaheadConfig, run_limits: DecodeLimits, status: str, bound: float) -> Calibration:
         say(f"{status.replace('calibrated', 'calibrating')} {config_label(config)}")
@@ -241,11 +244,15 @@ def choose_config(
             predicted, greedy_per_token / per_token if per_token else None, stats.drafts,
         )
 
-    ranked = sorted(grid, key=lambda c: -upper_bound(cost_model, c))
+    ranked = sorted(grid + [c for c in always_calibrate if c not in grid], key=lambda c: -upper_bound(cost_model, c))
     results = [greedy]
     if survey is not None:
         results.append(calibrate(survey, limits, "survey", upper_bound(cost_model, survey)))
-        states = [replace(state, drafts=results[-1].drafts) for state in states]   # every decode below starts from it
+        prior_used = results[-1].drafts
+    else:
+        prior_used = prior
+    if prior_used is not None:                  # every decode below starts from it
+        states = [replace(state, drafts=prior_used) for state in states]
     best = max(1.0, min_speedup)
     screening = screen_tokens is not None and screen_tokens < limits.max_new_tokens
     first_limits = replace(limits, max_new_tokens=screen_tokens) if screening else limits
@@ -264,7 +271,7 @@ def choose_config(
     winner = max((c for c in results if c.status == "calibrated"), key=lambda c: c.predicted)
     chosen = winner.config if winner.config is not None and winner.predicted > min_speedup else None
     report = ChoiceReport(cost_model, chosen, results, len(calibration_prompts), limits.max_new_tokens,
-                          time.perf_counter() - started)
+                          time.perf_counter() - started, prior)
     return chosen, report
 
 
