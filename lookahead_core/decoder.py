@@ -303,8 +303,10 @@ def _finish(seq: _Sequence, plan: _Plan, logits: torch.Tensor, hidden: torch.Ten
         if plan.windowed:
             outcome = replace(outcome, window_next=logits[layout.last_level_logits].argmax(-1).tolist())
         if proposer.topk:
+            top = logits.topk(proposer.topk, dim=-1)
+            probs = (top.values - logits.logsumexp(-1, keepdim=True)).exp()
             outcome = replace(outcome, row_tokens=[fed[r] for r in layout.logit_rows.tolist()],
-                              row_topk=logits.topk(proposer.topk, dim=-1).indices.cpu())
+                              row_topk=top.indices.cpu(), row_topk_probs=probs.float().cpu())
         if hidden is not None:          # a source wants the hidden state of the row that gave the last kept token
             outcome = replace(outcome, hidden=hidden[layout.tree_logits[verdict.path[kept - 2] + 1 if kept > 1 else 0]])
         proposer.update(outcome, plan.tree, verdict.path)

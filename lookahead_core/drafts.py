@@ -10,23 +10,28 @@ In the spirit of transformers' candidate generators, a source has two methods:
 Sources:
 
 * :class:`NGramSource`: the paper's n-gram pool keyed on one token, fed by the Jacobi lookahead
-  window (tag ``jacobi``) and, with ``prompt_pool``, by every n-gram of prompt and output (``pool``);
-  it owns the window, whose rows the step feeds beside the tree.
+  window (tag ``jacobi:h<hits>``) and, with ``prompt_pool``, by every n-gram of prompt and output
+  (``pool:h<hits>``; hits: how often the n-gram was inserted, 1, 2, 3+); it owns the window, whose
+  rows the step feeds beside the tree.
 * :class:`SuffixSource`: continuations of the context's suffix where it occurred before in prompt +
   output (prompt lookup, SuffixDecoding), longest match first, several matches becoming branches
-  (``suffix:<b>``, b = the matched length's bucket: 1, 2, 3, 4, 8, 16, 32).
+  (``suffix:<b>:c<n>``, b = the matched length's bucket: 1, 2, 3, 4, 8, 16, 32; n = how many of
+  the occurrences looked up go on with the same next token: 1, 2, 3+).
 * :class:`RecycleSource`: Token Recycling's adjacency: per token, the top-k successors from the last
   logits computed at that token (every row the step already computes: input, tree, the window's
   last level; with ``recycle_window`` every window row); a tree grown from it by a fixed
-  template (``recycle:<rank>``).
+  template (``recycle:p<d>``, d = the decile of the successor's softmax probability there).
 * ``MedusaSource`` (``lookahead_core/medusa.py``): trained Medusa heads' top tokens along their
   sparse tree (``medusa:<rank>``, depth = head), from the hidden state the step hands over.
 
 :class:`Proposer` combines any subset: it merges every draft into one tree (``layout.build_tree``),
 scores each node by the estimated probability that the walk reaches it (the product of per-(tag,
-depth) acceptance rates, measured online as steps verify, an unseen depth guessed from the one
-above), keeps the best nodes within the step's
-token budget (``layout.prune_tree``) and records fed / tried / accepted counts per tag and depth.
+depth) acceptance rates, measured online as steps verify; a tag carries the node's own evidence
+(match length and agreeing occurrences, hits, probability decile), so a rate is per node class,
+and an unseen one starts from the tag's own estimate (a probability decile's midpoint) or the
+depth above), keeps the best nodes within the step's token budget (``layout.prune_tree``) and
+records fed / tried / accepted counts per tag and depth, and each tried node's estimate against
+its outcome (``DraftStats.reliability``: a reliability diagram per source).
 """
 
 from __future__ import annotations
@@ -61,6 +66,7 @@ class StepOutcome:
     window_next: list[int] | None = None   # argmax of the window's last-level rows
     row_tokens: list[int] = field(default_factory=list)   # the token fed at each row with logits
     row_topk: torch.Tensor | None = None   # (rows, k) top-k successors of those rows' logits
+    row_topk_probs: torch.Tensor | None = None   # (rows, k) their softmax probabilities
     hidden: torch.Tensor | None = None     # (H,) last hidden state of the row that predicted the last
                                            # committed token (for sources registered with hidden=True)
 
@@ -87,7 +93,8 @@ class NGramSource:
             pool.add_from_sequence(context)
 
     def propose(self, context: Sequence[int]) -> list[Draft]:
-        return [Draft(c, (origin,) * len(c)) for c, origin in self.pool.tagged(context[-1])]
+        """Each continuation tagged ``<origin>:h<hits>`` (hits 1, 2, 3 = three or more)."""
+        return [Draft(c, (f"{origin}:h{min(hits, 3)}",) * len(c)) for c, origin, hits in self.pool.tagged(context[-1])]
 
     def update(self, outcome: StepOutcome) -> None:
         if self.window is not None and outcome.window_next is not None:
@@ -104,9 +111,11 @@ class SuffixSource:
     short; each occurrence's match is then measured backwards, up to ``MATCH_CAP`` tokens, and the
     occurrences are taken longest match first (most recent first among equals, at most
     ``LOOKUPS`` per key), up to ``matches`` distinct continuations of ``depth`` tokens. Tags carry
-    the match length's bucket (``suffix:<b>``, :func:`match_bucket`), so the acceptance measured per
-    (tag, depth) learns that a 20-token match (a copy in progress) goes on deeper than a 1-token one,
-    and the budget keeps deep nodes where a copy is running and cuts them where it is not. A
+    the match length's bucket and how many of the key's looked-up occurrences go on with the same
+    next token (``suffix:<b>:c<n>``, :func:`match_bucket`, n capped at 3), so the acceptance
+    measured per (tag, depth) learns that a 20-token match (a copy in progress) goes on deeper than
+    a 1-token one, and that a continuation three occurrences agree on beats one of three that
+    disagree; the budget keeps deep nodes where a copy is running and cuts them where it is not. A
     continuation that runs into the end of the text goes on copying itself (as an LZ77 overlapping
     copy does), so a text that repeats with period p gets full-depth drafts.
     """
@@ -138,12 +147,14 @@ class SuffixSource:
             occurrences = reversed(self._ends.get(tuple(context[last - m + 1:]), ()))
             ends = list(islice((e for e in occurrences if e != last), LOOKUPS))   # not every one of a common token
             lengths = [match_length(context, end, last, m) for end in ends]
+            agree = Counter(context[end + 1] for end in ends)          # occurrences per next token
             for length, end in sorted(zip(lengths, ends), key=lambda pair: -pair[0]):    # stable: recent first
                 continuation = _copy(context, end + 1, self.depth)
                 if continuation in seen:
                     continue
                 seen.add(continuation)
-                drafts.append(Draft(continuation, (f"suffix:{match_bucket(length)}",) * len(continuation)))
+                tag = f"suffix:{match_bucket(length)}:c{min(agree[continuation[0]], 3)}"
+                drafts.append(Draft(continuation, (tag,) * len(continuation)))
                 if len(drafts) == self.matches:
                     return drafts
         return drafts
@@ -188,12 +199,15 @@ class RecycleSource:
 
     The table (a dict, only tokens seen so far) is refreshed from every row whose logits the step
     computed anyway. ``propose`` grows a tree from the last token: its ``k`` successors, each of
-    those with its top ``k // 2``, then ``k // 4``, ... (at least 1), ``depth`` levels deep.
+    those with its top ``k // 2``, then ``k // 4``, ... (at least 1), ``depth`` levels deep. Each
+    node is tagged with its own estimate: the decile of the softmax probability the successor had
+    at the row it came from (``recycle:p<d>``, d = 0..9; :func:`tag_guess` reads it), so a step can
+    tell the confident successor from the three long shots beside it.
     """
 
     def __init__(self, k: int, depth: int) -> None:
         self.topk, self.depth = k, depth
-        self.successors: dict[int, list[int]] = {}
+        self.successors: dict[int, list[tuple[int, int]]] = {}    # token -> [(successor, decile)]
 
     @classmethod
     def from_config(cls, config: LookaheadConfig, size: int, context: Sequence[int]) -> RecycleSource:
@@ -206,16 +220,31 @@ class RecycleSource:
             nexts = self.successors.get(token, [])[:width] if len(tokens) < self.depth else []
             if not nexts and tokens:
                 drafts.append(Draft(tokens, tags))
-            for rank, nxt in enumerate(nexts):
-                grow(nxt, tokens + (nxt,), tags + (f"recycle:{rank}",), max(1, width // 2))
+            for nxt, decile in nexts:
+                grow(nxt, tokens + (nxt,), tags + (f"recycle:p{decile}",), max(1, width // 2))
 
         grow(int(context[-1]), (), (), self.topk)
         return drafts
 
     def update(self, outcome: StepOutcome) -> None:
-        if outcome.row_topk is not None:
-            for token, successors in zip(outcome.row_tokens, outcome.row_topk.tolist()):
-                self.successors[token] = successors
+        if outcome.row_topk is None:
+            return
+        probs = outcome.row_topk_probs
+        deciles = (probs * 10).clamp(max=9).int().tolist() if probs is not None else None
+        for r, (token, successors) in enumerate(zip(outcome.row_tokens, outcome.row_topk.tolist())):
+            ranks = deciles[r] if deciles is not None else [5] * len(successors)
+            self.successors[token] = list(zip(successors, ranks))
+
+
+def tag_guess(tag: str) -> float | None:
+    """The acceptance a tag's own estimate predicts before any is measured: ``...:p<d>`` (a
+    probability decile) -> its midpoint; ``None`` for tags without one.
+
+    >>> tag_guess("recycle:p7"), tag_guess("suffix:4")
+    (0.75, None)
+    """
+    last = tag.rsplit(":", 1)[-1]
+    return (int(last[1:]) + 0.5) / 10 if len(last) == 2 and last[0] == "p" and last[1].isdigit() else None
 
 
 def best_size(scores: Sequence[float], step_costs: Sequence[float], rows: int, room: int) -> int:
@@ -247,8 +276,9 @@ def base_source(tag: str) -> str:
 class DraftStats:
     """Per (tag, depth): nodes fed, nodes tried (their parent was accepted, so the walk looked at
     them) and nodes accepted. ``rate`` = accepted / tried, smoothed toward a prior worth
-    ``PRIOR_TRIES`` tries: the ``prior``'s rate where it has tried the (tag, depth), else a coin
-    flip at depth 1 and deeper the same tag's rate one level up.
+    ``PRIOR_TRIES`` tries: the ``prior``'s rate where it has tried the (tag, depth), else the
+    tag's own estimate (:func:`tag_guess`) where it has one, else a coin flip at depth 1 and
+    deeper the same tag's rate one level up.
 
     ``prior``: what other decodes measured (``decoding=auto``'s calibration, a conversation's earlier
     turns; ``DecodeState.drafts``). Without it a decode starts from the guesses, and a budget that
@@ -263,13 +293,19 @@ class DraftStats:
     tried: Counter = field(default_factory=Counter)
     accepted: Counter = field(default_factory=Counter)
     prior: DraftStats | None = field(default=None, repr=False, compare=False)
+    # What the estimates said against what happened, per (source, decile of the predicted rate):
+    # each tried node's predicted acceptance given its parent, and whether it was accepted.
+    calibration: Counter = field(default_factory=Counter, repr=False, compare=False)
     _rates: dict = field(default_factory=dict, repr=False, compare=False)
 
     def rate(self, tag: str, depth: int) -> float:
         key = (tag, depth)
         if key not in self._rates:
+            guess = tag_guess(tag)
             if self.prior is not None and self.prior.tried[key]:
                 prior = self.prior.rate(tag, depth)
+            elif guess is not None:                 # the node's own estimate, until measured
+                prior = guess
             else:
                 prior = 0.5 if depth <= 1 else self.rate(tag, depth - 1)
             self._rates[key] = (self.accepted[key] + PRIOR_TRIES * prior) / (self.tried[key] + PRIOR_TRIES)
@@ -283,9 +319,20 @@ class DraftStats:
         out.merge(self)
         return out
 
+    def estimate(self, tags: Sequence[str], depth: int) -> tuple[float, str]:
+        """A node's estimated acceptance given its parent (the best of its tags' rates) and the tag
+        it comes from: what ``Proposer.scores`` multiplies along the path."""
+        return max((self.rate(tag, depth), tag) for tag in tags)
+
     def record(self, tree: DraftTree, path: Sequence[int]) -> None:
+        """Count a verified step: every node fed, those tried, those accepted; and, per tried node,
+        the estimate it was fed under (before this step's counts) against the outcome."""
         on_path = set(path)
         reached = on_path | {-1}
+        for node, (tags, parent, depth) in enumerate(zip(tree.tags, tree.parents, tree.depths)):
+            if parent in reached:
+                predicted, tag = self.estimate(tags, depth)
+                _calibrate(self.calibration, base_source(tag), predicted, node in on_path)
         for node, (tags, parent, depth) in enumerate(zip(tree.tags, tree.parents, tree.depths)):
             for tag in tags:
                 self.fed[tag, depth] += 1
@@ -296,7 +343,13 @@ class DraftStats:
 
     def merge(self, other: DraftStats) -> None:
         self.fed.update(other.fed), self.tried.update(other.tried), self.accepted.update(other.accepted)
+        self.calibration.update(other.calibration)
         self._rates.clear()
+
+    def reliability(self) -> list[dict]:
+        """Rows (source, bin, tried, predicted = mean estimate, observed = accepted / tried) per
+        decile of the estimate: a reliability diagram's points (:func:`reliability_table`)."""
+        return _reliability_rows(self.calibration)
 
     def table(self, by_source: bool = True) -> list[dict]:
         """Rows (source, depth, fed, tried, accepted, acceptance = accepted / tried)."""
@@ -317,6 +370,37 @@ class DraftStats:
             key = (row["source"], int(row["depth"]))
             stats.fed[key], stats.tried[key], stats.accepted[key] = (int(row[k]) for k in ("fed", "tried", "accepted"))
         return stats
+
+
+def _calibrate(counter: Counter, source: str, predicted: float, accepted: bool) -> None:
+    bin_ = min(int(predicted * 10), 9)
+    counter[source, bin_, "tried"] += 1
+    counter[source, bin_, "accepted"] += bool(accepted)
+    counter[source, bin_, "predicted"] += predicted
+
+
+def _reliability_rows(counter: Counter) -> list[dict]:
+    keys = sorted({(source, bin_) for source, bin_, _ in counter})
+    return [{"source": source, "bin": bin_, "tried": counter[source, bin_, "tried"],
+             "predicted": counter[source, bin_, "predicted"] / counter[source, bin_, "tried"],
+             "observed": counter[source, bin_, "accepted"] / counter[source, bin_, "tried"]}
+            for source, bin_ in keys if counter[source, bin_, "tried"]]
+
+
+def reliability_table(outcomes: Sequence[tuple[str, float, bool]]) -> list[dict]:
+    """Predicted against observed acceptance, binned by decile of the prediction, per source, from
+    (source, predicted acceptance, accepted) per tried node: well-calibrated estimates put every
+    bin's observed rate near its mean prediction.
+
+    >>> reliability_table([("recycle", 0.82, True), ("recycle", 0.88, False), ("suffix", 0.31, False)])
+    ... # doctest: +NORMALIZE_WHITESPACE
+    [{'source': 'recycle', 'bin': 8, 'tried': 2, 'predicted': 0.85, 'observed': 0.5},
+     {'source': 'suffix', 'bin': 3, 'tried': 1, 'predicted': 0.31, 'observed': 0.0}]
+    """
+    counter: Counter = Counter()
+    for source, predicted, accepted in outcomes:
+        _calibrate(counter, source, predicted, accepted)
+    return _reliability_rows(counter)
 
 
 class Proposer:
@@ -364,7 +448,7 @@ class Proposer:
         acceptance rate among the node's tags at its depth."""
         scores: list[float] = []
         for tags, parent, depth in zip(tree.tags, tree.parents, tree.depths):
-            rate = max(self.stats.rate(tag, depth) for tag in tags)
+            rate, _ = self.stats.estimate(tags, depth)
             scores.append((scores[parent] if parent >= 0 else 1.0) * rate)
         return scores
 

@@ -13,7 +13,8 @@ class NGramPool:
     one is appended, and when the key is full the oldest is evicted. ``candidates(key)`` returns
     them oldest first, the order the reference verifies them in (ties go to the first).
     ``origin`` names what inserted an n-gram last (the lookahead window, the text); ``tagged(key)``
-    returns it beside each continuation, so acceptance can be counted per source.
+    returns it and the n-gram's hit count beside each continuation, so acceptance can be counted
+    per source and per hit count.
 
     >>> pool = NGramPool(ngram=3, capacity=2)
     >>> for gram in [(5, 1, 2), (5, 3, 4), (5, 1, 2), (5, 7, 8)]:
@@ -29,7 +30,7 @@ class NGramPool:
             raise ValueError(f"capacity must be >= 0, got {capacity}")
         self.ngram = ngram
         self.capacity = capacity
-        self._table: dict[int, OrderedDict[tuple[int, ...], str]] = {}
+        self._table: dict[int, OrderedDict[tuple[int, ...], tuple[str, int]]] = {}   # -> (origin, hits)
 
     def add(self, gram: Sequence[int], origin: str = "pool") -> None:
         """Insert one n-gram (key token followed by its N-1 continuation)."""
@@ -41,9 +42,9 @@ class NGramPool:
         bucket = self._table.setdefault(key, OrderedDict())
         if continuation in bucket:
             bucket.move_to_end(continuation)
-            bucket[continuation] = origin
+            bucket[continuation] = (origin, bucket[continuation][1] + 1)
             return
-        bucket[continuation] = origin
+        bucket[continuation] = (origin, 1)
         if len(bucket) > self.capacity:
             bucket.popitem(last=False)
 
@@ -66,10 +67,11 @@ class NGramPool:
         bucket = self._table.get(int(key))
         return list(bucket) if bucket else []
 
-    def tagged(self, key: int) -> list[tuple[tuple[int, ...], str]]:
-        """``candidates(key)`` with the origin of each."""
+    def tagged(self, key: int) -> list[tuple[tuple[int, ...], str, int]]:
+        """``candidates(key)`` with the origin of each and its hits: how many times it was inserted
+        (seen again in the text, or proposed again by the window) while in the pool."""
         bucket = self._table.get(int(key))
-        return list(bucket.items()) if bucket else []
+        return [(c, origin, hits) for c, (origin, hits) in bucket.items()] if bucket else []
 
     def __len__(self) -> int:
         return sum(len(b) for b in self._table.values())

@@ -185,3 +185,28 @@ def test_the_batch_test_has_teeth_a_verifier_that_always_accepts_fails(small_voc
     counts, _ = draw_rows(small_vocab, SAMPLE_TREE, sampling, DRAWS)
     for prompt, row in zip(SAMPLE_PROMPTS, counts):
         assert chi_square_pvalue(row, exact_distribution(small_vocab, sampling, prompt), DRAWS) < 1e-6, prompt
+
+
+def test_a_batch_starts_from_the_prior_as_decode_does(llama):
+    """``decode_batch(prior=...)`` cuts every row's cost-aware tree by the prior's rates, exactly as
+    ``decode`` does with ``state.drafts``: the same steps, each feeding the same tokens; without the
+    prior the same rows feed less (the guesses undervalue the copies)."""
+    from lookahead_core import DecodeState, DraftStats
+
+    costs = (1.0, 2.27, 3.01, 1.91, 2.0, 2.07, 2.2, 2.33, 2.4, 2.5, 2.55, 2.6, 2.7, 2.8, 2.85, 2.9, 2.95)
+    config = LookaheadConfig(window=1, ngram=4, guess=0, pool_only=True, tree=True, suffix=1, depth=16, budget=17,
+                             step_costs=costs)
+    learnt = DraftStats()
+    for tag in (f"suffix:{b}:c{c}" for b in (1, 2, 3, 4, 8, 16, 32) for c in (1, 2, 3)):
+        for depth in range(1, 17):
+            learnt.tried[tag, depth], learnt.accepted[tag, depth] = 50, 45
+    prompts = prompts_for(llama.config.vocab_size, lengths=(14, 37))
+    prompts = [p * 3 for p in prompts]                      # copies for the suffix drafts to find
+    limits = DecodeLimits(max_new_tokens=NEW)
+    warm = decode_batch(llama, prompts, config, limits, prior=learnt)
+    cold = decode_batch(llama, prompts, config, limits)
+    for prompt, row, cold_row in zip(prompts, warm, cold):
+        alone = decode(llama, prompt, config, limits, state=DecodeState(None, [], drafts=learnt))
+        assert row.tokens == alone.tokens == cold_row.tokens == generate_alone(llama, prompt)
+        assert row.stats.step_tokens == alone.stats.step_tokens and row.stats.drafts.prior is learnt
+        assert sum(row.stats.step_tokens) > sum(cold_row.stats.step_tokens)

@@ -298,6 +298,11 @@ def test_tree_configs_and_spread_items(tmp_path: Path):
     (tmp_path / "linear_only" / "rows.csv").unlink()
     assert benchmark.draft_acceptance(df)["tried"].sum() > 0
     assert "Draft nodes per source and depth" in (out / "summary.md").read_text()
+    reliability = benchmark.draft_reliability(df)
+    assert {"suffix", "recycle"} <= set(reliability["source"]) and (out / "reliability.png").is_file()
+    acceptance = benchmark.draft_acceptance(df).groupby("decoder")["tried"].sum()
+    for decoder, tried in reliability.groupby("decoder")["tried"].sum().items():   # a node per tag vs per node
+        assert 0 < tried <= acceptance[decoder]
     assert "Token trees against linear branches" in benchmark.write_collection(tmp_path)
     assert (tmp_path / "trees.md").is_file()
     # An older file (without draft_acceptance) is rewritten with today's columns and resumed.
@@ -340,3 +345,16 @@ def test_profile_runs_through_the_harness_job(tmp_path: Path):
     table = pd.read_csv(tmp_path / "profile.csv").set_index("decoder")
     assert list(table.index) == ["core_greedy", "la_N3W3G3_pool", "pool_N3G1"]
     assert (table["steps"] > 0).all() and ((table["overhead_frac"] > 0) & (table["overhead_frac"] < 1)).all()
+
+
+def test_draft_reliability_sums_prompts_weighted_by_nodes_tried(tmp_path: Path):
+    rows = [[{"source": "recycle", "bin": 8, "tried": 2, "predicted": 0.85, "observed": 0.5}],
+            [{"source": "recycle", "bin": 8, "tried": 6, "predicted": 0.81, "observed": 1.0},
+             {"source": "suffix", "bin": 2, "tried": 1, "predicted": 0.2, "observed": 0.0}]]
+    df = pd.DataFrame({"decoder": ["tree", "tree"], "draft_reliability": [json.dumps(r) for r in rows]})
+    table = benchmark.draft_reliability(df).set_index(["source", "bin"])
+    assert table.loc[("recycle", 8), "tried"] == 8
+    assert table.loc[("recycle", 8), "predicted"] == pytest.approx((2 * 0.85 + 6 * 0.81) / 8)
+    assert table.loc[("recycle", 8), "observed"] == pytest.approx((1 + 6) / 8)
+    benchmark.plot_reliability(benchmark.draft_reliability(df), tmp_path / "r.png", "t")
+    assert (tmp_path / "r.png").stat().st_size > 0

@@ -3,6 +3,7 @@
 import dataclasses
 from collections import Counter
 
+import pytest
 import torch
 
 from lookahead_core.drafts import (
@@ -20,8 +21,16 @@ def test_suffix_prefers_the_longest_matching_context_then_the_most_recent():
     drafts = source.propose(context)
     # "1 2" ends at 2 and 6: continuations (3, 9) and (4, 8), most recent first; then "2" alone at 10: (6, 1).
     assert [d.tokens for d in drafts] == [(4, 8), (3, 9), (6, 1)]
-    assert [d.tags[0] for d in drafts] == ["suffix:2", "suffix:2", "suffix:1"]
+    assert [d.tags[0] for d in drafts] == ["suffix:2:c1", "suffix:2:c1", "suffix:1:c1"]
     assert len(SuffixSource(matches=1, depth=2, context=context).propose(context)) == 1
+
+
+def test_suffix_tags_count_the_occurrences_that_agree_on_the_next_token():
+    #          0  1  2  3  4  5  6  7  8  9 10
+    context = [5, 1, 9, 5, 1, 9, 5, 1, 7, 5, 1]
+    # "5 1" ends at 1, 4 and 7 (each a 2-token match): followed by 9, 9 and 7.
+    drafts = SuffixSource(matches=3, depth=2, context=context).propose(context)
+    assert [(d.tokens, d.tags[0]) for d in drafts] == [((7, 5), "suffix:2:c1"), ((9, 5), "suffix:2:c2")]
 
 
 def test_suffix_takes_the_longest_measured_match_before_the_most_recent_and_tags_its_bucket():
@@ -31,12 +40,12 @@ def test_suffix_takes_the_longest_measured_match_before_the_most_recent_and_tags
     source = SuffixSource(matches=3, depth=2, context=context)
     drafts = source.propose(context)
     assert [d.tokens for d in drafts][:2] == [(20, 21), (30, 31)]
-    assert [d.tags[0] for d in drafts][:2] == ["suffix:8", "suffix:4"]
+    assert [d.tags[0] for d in drafts][:2] == ["suffix:8:c1", "suffix:4:c1"]
     # the measure stops at MATCH_CAP, and a match reaching the text's start stops there
     text = list(range(100, 140)) + [7] + list(range(100, 140))          # a 40-token match
     assert match_length(text, end=39, last=80, known=4) == MATCH_CAP < 40
-    assert SuffixSource(1, 1, text).propose(text)[0].tags == ("suffix:32",)
-    assert SuffixSource(1, 1, [3, 4, 9, 3, 4]).propose([3, 4, 9, 3, 4])[0].tags == ("suffix:2",)
+    assert SuffixSource(1, 1, text).propose(text)[0].tags == ("suffix:32:c1",)
+    assert SuffixSource(1, 1, [3, 4, 9, 3, 4]).propose([3, 4, 9, 3, 4])[0].tags == ("suffix:2:c1",)
 
 
 def test_suffix_index_grows_with_the_text_and_copies_past_its_end():
@@ -45,28 +54,70 @@ def test_suffix_index_grows_with_the_text_and_copies_past_its_end():
     text = [4, 5, 6, 4, 5]
     source.update(StepOutcome(text, 2, 5))
     # "4 5" ended at 1; its continuation runs into the end of the text and keeps copying: 6 4 5 6 4.
-    assert source.propose(text)[0] == Draft((6, 4, 5, 6, 4), ("suffix:2",) * 5)
+    assert source.propose(text)[0] == Draft((6, 4, 5, 6, 4), ("suffix:2:c1",) * 5)
 
 
-def test_recycle_keeps_the_latest_top_k_and_grows_a_halving_tree():
+def test_recycle_keeps_the_latest_top_k_and_grows_a_halving_tree_tagged_by_probability():
     source = RecycleSource(k=4, depth=3)
-    source.update(StepOutcome([1], 0, 1, row_tokens=[1, 2], row_topk=torch.tensor([[2, 3, 4, 5], [6, 7, 8, 9]])))
-    source.update(StepOutcome([1], 0, 1, row_tokens=[6], row_topk=torch.tensor([[1, 2, 3, 4]])))
-    assert source.successors == {1: [2, 3, 4, 5], 2: [6, 7, 8, 9], 6: [1, 2, 3, 4]}
+    probs = torch.tensor([[0.91, 0.05, 0.02, 0.01], [0.4, 0.3, 0.2, 0.1]])
+    source.update(StepOutcome([1], 0, 1, row_tokens=[1, 2], row_topk=torch.tensor([[2, 3, 4, 5], [6, 7, 8, 9]]),
+                              row_topk_probs=probs))
+    source.update(StepOutcome([1], 0, 1, row_tokens=[6], row_topk=torch.tensor([[1, 2, 3, 4]]),
+                              row_topk_probs=torch.tensor([[1.0, 0.0, 0.0, 0.0]])))
+    assert source.successors == {1: [(2, 9), (3, 0), (4, 0), (5, 0)], 2: [(6, 4), (7, 3), (8, 2), (9, 1)],
+                                 6: [(1, 9), (2, 0), (3, 0), (4, 0)]}          # deciles; p = 1.0 goes in the top one
     drafts = source.propose([0, 1])
     tree = build_tree(drafts)
     # 1 -> 2 3 4 5 (ranks 0-3); 2 -> its top 2: 6 7; 6 -> its top 1: 1 (depth 3).
     assert [d.tokens for d in drafts] == [(2, 6, 1), (2, 7), (3,), (4,), (5,)]
-    assert drafts[0].tags == ("recycle:0", "recycle:0", "recycle:0") and drafts[3].tags == ("recycle:2",)
+    assert drafts[0].tags == ("recycle:p9", "recycle:p4", "recycle:p9") and drafts[1].tags == ("recycle:p9", "recycle:p3")
     assert len(tree) == 7
 
 
-def test_ngram_source_tags_window_and_text_grams():
+def test_a_tags_own_estimate_is_its_rate_until_measured():
+    from lookahead_core.drafts import tag_guess
+
+    assert [tag_guess(t) for t in ("recycle:p0", "recycle:p9", "suffix:4:c2", "pool:h1", "medusa:0")] == [
+        0.05, 0.95, None, None, None]
+    stats = DraftStats()
+    assert stats.rate("recycle:p8", 1) == 0.85 and stats.rate("recycle:p8", 4) == 0.85 and stats.rate("pool:h1", 1) == 0.5
+    stats.record(build_tree([Draft((1,), ("recycle:p8",))]), [])           # tried once, rejected
+    assert stats.rate("recycle:p8", 1) == (0 + 2 * 0.85) / 3
+
+
+def test_ngram_source_tags_window_and_text_grams_with_their_hits():
     pool = NGramPool(ngram=3, capacity=4)
     source = NGramSource(pool, None, text=True, context=[1, 2, 3, 1])
-    assert source.propose([1, 2, 3, 1]) == [Draft((2, 3), ("pool", "pool"))]
+    assert source.propose([1, 2, 3, 1]) == [Draft((2, 3), ("pool:h1", "pool:h1"))]
     pool.add((1, 5, 6), "jacobi")
-    assert source.propose([9, 1])[-1] == Draft((5, 6), ("jacobi", "jacobi"))
+    assert source.propose([9, 1])[-1] == Draft((5, 6), ("jacobi:h1", "jacobi:h1"))
+    for _ in range(3):
+        pool.add((1, 2, 3))                                               # seen again: hits 2, 3, 4 (capped at 3)
+    assert source.propose([9, 1])[-1] == Draft((2, 3), ("pool:h3", "pool:h3"))
+
+
+def test_reliability_bins_each_tried_node_by_the_estimate_it_was_fed_under():
+    """Hand-made steps: the estimates are the rates before each step's own counts; untried nodes
+    (their parent rejected) are not in the diagram."""
+    from lookahead_core.drafts import reliability_table
+
+    stats = DraftStats()
+    tree = build_tree([Draft((1, 2), ("recycle:p8", "recycle:p8")), Draft((3,), ("suffix:4:c1",))])
+    stats.record(tree, [0, 1])            # node 0 (p8: 0.85) accepted, node 1 (depth 2, p8: 0.85) accepted,
+                                          # node 2 (suffix, unseen: 0.5) rejected
+    assert stats.reliability() == [
+        {"source": "recycle", "bin": 8, "tried": 2, "predicted": 0.85, "observed": 1.0},
+        {"source": "suffix", "bin": 5, "tried": 1, "predicted": 0.5, "observed": 0.0}]
+    stats.record(tree, [])                # now: node 0 at (1 + 2 * 0.85) / 3 = 0.9, rejected; node 1 untried
+    rows = {(r["source"], r["bin"]): r for r in stats.reliability()}
+    assert rows["recycle", 9] == {"source": "recycle", "bin": 9, "tried": 1, "predicted": 0.9, "observed": 0.0}
+    assert rows["suffix", 3]["predicted"] == (0 + 2 * 0.5) / 3 and rows["suffix", 3]["tried"] == 1
+    merged = DraftStats()
+    merged.merge(stats), merged.merge(stats)
+    assert sum(r["tried"] for r in merged.reliability()) == 2 * sum(r["tried"] for r in stats.reliability())
+    assert reliability_table([("recycle", 0.82, True), ("recycle", 0.88, False), ("suffix", 0.31, False)]) == [
+        {"source": "recycle", "bin": 8, "tried": 2, "predicted": pytest.approx(0.85), "observed": 0.5},
+        {"source": "suffix", "bin": 3, "tried": 1, "predicted": 0.31, "observed": 0.0}]
 
 
 def test_stats_count_fed_tried_and_accepted_per_tag_and_depth():
@@ -134,7 +185,7 @@ def test_a_learnt_prior_lets_a_cost_aware_step_feed_a_copy_its_guesses_undervalu
     assert len(cold.propose(context, window_rows=1)) == 0
     learnt = DraftStats()
     for tries, accepted, depth in ((100, 41, 1), (41, 34, 2), (34, 31, 3)) + tuple((31, 30, d) for d in range(4, 17)):
-        learnt.tried["suffix:1", depth], learnt.accepted["suffix:1", depth] = tries, accepted
+        learnt.tried["suffix:1:c1", depth], learnt.accepted["suffix:1:c1", depth] = tries, accepted
     warm = Proposer([SuffixSource(1, 16, context)], merge=True, budget=17, step_costs=costs,
                     stats=DraftStats(prior=learnt))
     assert warm.propose(context, window_rows=1).tokens == tuple(context[1:17])

@@ -98,8 +98,10 @@ def test_trees_cut_by_a_learnt_prior_equal_greedy_and_hand_it_on(arch_model):
     survey = decode(model, prompt[:12], TREE_GRID[1], limits)            # any decode's measured acceptance
     measured = survey.state.drafts
     assert measured == survey.stats.drafts and sum(measured.tried.values()) > 0
-    keys = {(f"suffix:{b}", d) for b in (1, 2, 3, 4, 8, 16) for d in range(1, 11)} | {
-        (tag, d) for tag in ("pool", "jacobi", "recycle:0", "recycle:1", "recycle:2", "recycle:3") for d in range(1, 11)}
+    tags = ([f"suffix:{b}:c{c}" for b in (1, 2, 3, 4, 8, 16, 32) for c in (1, 2, 3)]
+            + [f"{origin}:h{h}" for origin in ("pool", "jacobi") for h in (1, 2, 3)]
+            + [f"recycle:p{decile}" for decile in range(10)])
+    keys = {(tag, d) for tag in tags for d in range(1, 11)}
     optimist, pessimist = DraftStats(), DraftStats()
     for key in keys:
         optimist.tried[key] = optimist.accepted[key] = pessimist.tried[key] = 50

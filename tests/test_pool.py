@@ -63,11 +63,14 @@ def test_window_initialisation_is_seeded():
     assert JacobiWindow(8, 3, prompt, seed=3).levels != JacobiWindow(8, 3, prompt, seed=4).levels
 
 
-def test_origin_tags_follow_the_last_insert():
+def test_origin_tags_follow_the_last_insert_and_hits_count_every_insert():
     pool = NGramPool(ngram=3, capacity=3)
     pool.add((5, 1, 2), "jacobi")
     pool.add((5, 3, 4))
     pool.add((5, 1, 2), "pool")                             # refreshed by the text: now tagged pool
-    assert pool.tagged(5) == [((3, 4), "pool"), ((1, 2), "pool")]
+    assert pool.tagged(5) == [((3, 4), "pool", 1), ((1, 2), "pool", 2)]
     pool.add((5, 7, 8), "jacobi")
-    assert pool.tagged(5)[-1] == ((7, 8), "jacobi") and pool.candidates(5) == [(3, 4), (1, 2), (7, 8)]
+    assert pool.tagged(5)[-1] == ((7, 8), "jacobi", 1) and pool.candidates(5) == [(3, 4), (1, 2), (7, 8)]
+    pool.add((5, 9, 9))                                     # evicts (3, 4): its hits go with it
+    pool.add((5, 3, 4))
+    assert pool.tagged(5)[-1] == ((3, 4), "pool", 1)

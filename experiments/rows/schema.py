@@ -15,7 +15,8 @@ COLUMN_GROUPS: dict[str, tuple[str, ...]] = {
     ),
     "how it went": (
         "prompt_tokens", "prefill_tokens", "new_tokens", "batch_new_tokens", "forwards", "steps", "S", "accepted_hist",
-        "step_tokens_mean", "step_tokens_hist", "step_log", "draft_acceptance", "warmup_s", "prefill_s", "decode_s", "wall_s", "tokens_per_s",
+        "step_tokens_mean", "step_tokens_hist", "step_log", "draft_acceptance", "draft_reliability",
+        "warmup_s", "prefill_s", "decode_s", "wall_s", "tokens_per_s",
         "model_s", "overhead_frac",
     ),
     "what came out": ("matches_greedy", "first_diff", "diff_margin", "diff_verdict", "rouge1", "rouge2", "rougeL",

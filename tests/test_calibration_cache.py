@@ -1,0 +1,119 @@
+"""``auto``'s calibration cache (experiments/decoders/autotune.py): latency curves keyed by what a
+forward's latency depends on, draft acceptance per (model, dataset, mode), picks per calibration.
+The harness's use of them (online learning, a second job calibrating nothing) is tested in
+test_harness.py."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, fields, replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from experiments.decoders import autotune
+from experiments.models.loader import tiny_random_model
+from lookahead_core import CausalLM, DraftStats, LookaheadConfig
+from lookahead_core.cost import CostModel
+
+KEY = autotune.CurveKey("smollm2_135m", "float32", "cpu:Some CPU", 1, "sdpa", 1, 256)
+
+
+class Measure:
+    """A stand-in for ``measure_latency`` that counts its calls and returns a fixed curve."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict] = []
+
+    def __call__(self, lm, **kwargs) -> CostModel:
+        self.calls.append(kwargs)
+        return CostModel(tokens=(1, 4), seconds=(0.01, 0.02 + 0.001 * len(self.calls)), kv_length=kwargs["kv_length"])
+
+
+def test_every_field_of_the_key_names_another_curve(tmp_path: Path) -> None:
+    changed = {"model": "qwen25_coder_05b", "dtype": "bfloat16", "device": "cuda:NVIDIA H200", "threads": 2,
+               "attention": "eager", "batch": 4, "kv_length": 512}
+    assert {f.name for f in fields(autotune.CurveKey)} == set(changed)
+    paths = {KEY.path(tmp_path)} | {replace(KEY, **{name: value}).path(tmp_path) for name, value in changed.items()}
+    assert len(paths) == len(changed) + 1
+    assert KEY.path(tmp_path) == autotune.CurveKey(**asdict(KEY)).path(tmp_path)      # stable across processes
+
+
+def test_a_curve_is_measured_once_per_key_reused_and_measured_again_when_asked(tmp_path: Path) -> None:
+    measure = Measure()
+    first, meta = autotune.latency_curve(None, KEY, tmp_path, measure=measure)
+    assert not meta["reused"] and len(measure.calls) == 1 and measure.calls[0] == {"kv_length": 256, "batch": 1}
+    assert len(meta["load_average"]) == 2 and meta["measured_at"].startswith("20") and meta["key"] == asdict(KEY)
+    again, meta2 = autotune.latency_curve(None, KEY, tmp_path, measure=measure)
+    assert meta2["reused"] and len(measure.calls) == 1 and again == first and meta2["measured_at"] == meta["measured_at"]
+    fresh, meta3 = autotune.latency_curve(None, KEY, tmp_path, measure=measure, remeasure=True)
+    assert not meta3["reused"] and len(measure.calls) == 2 and fresh != first
+    assert autotune.latency_curve(None, KEY, tmp_path, measure=measure)[0] == fresh     # the new one is cached
+    autotune.latency_curve(None, replace(KEY, threads=2), tmp_path, measure=measure)
+    assert len(measure.calls) == 3                                                      # another key: measured
+
+
+def test_a_cached_curve_of_another_format_or_key_is_measured_again(tmp_path: Path) -> None:
+    measure = Measure()
+    autotune.latency_curve(None, KEY, tmp_path, measure=measure)
+    path = KEY.path(tmp_path)
+    stored = json.loads(path.read_text())
+    path.write_text(json.dumps({**stored, "format": autotune.CACHE_FORMAT + 1}))
+    assert not autotune.latency_curve(None, KEY, tmp_path, measure=measure)[1]["reused"]
+    stored = json.loads(path.read_text())
+    path.write_text(json.dumps({**stored, "key": {**stored["key"], "threads": 8}}))   # a hash collision, say
+    assert not autotune.latency_curve(None, KEY, tmp_path, measure=measure)[1]["reused"]
+    assert len(measure.calls) == 3
+
+
+def test_the_key_of_a_loaded_model_names_its_dtype_chip_threads_and_bucket() -> None:
+    lm = CausalLM(tiny_random_model("llama", seed=0))
+    key = autotune.CurveKey.of(lm, "tiny", kv_length=300)
+    assert (key.dtype, key.threads, key.attention, key.batch, key.kv_length) == (
+        "float32", torch.get_num_threads(), lm.attention, 1, 512)
+    assert key.device.startswith("cpu:") and len(key.device) > 4
+    assert [autotune.kv_bucket(n) for n in (1, 64, 65, 300, 1000)] == [64, 64, 128, 512, 1024]
+
+
+def test_acceptance_is_stored_per_model_dataset_and_mode(tmp_path: Path) -> None:
+    stats = DraftStats()
+    stats.fed["suffix:4", 1], stats.tried["suffix:4", 1], stats.accepted["suffix:4", 1] = 9, 8, 6
+    store = autotune.AcceptanceStore(tmp_path, "smollm2_135m", "humaneval", "greedy")
+    assert store.load() is None
+    store.save(stats, new_decodes=3)
+    store.save(stats)
+    again = autotune.AcceptanceStore(tmp_path, "smollm2_135m", "humaneval", "greedy")
+    assert again.load() == stats and again.decodes == 4
+    for other in (("smollm2_135m", "mbpp", "greedy"), ("qwen25_coder_05b", "humaneval", "greedy"),
+                  ("smollm2_135m", "humaneval", autotune.sampling_mode(_sampling(0.7)))):
+        assert autotune.AcceptanceStore(tmp_path, *other).load() is None
+    assert autotune.sampling_mode(None) == autotune.sampling_mode(_sampling(0.0)) == "greedy"
+
+
+def _sampling(temperature: float):
+    from lookahead_core import SamplingConfig
+
+    return SamplingConfig(temperature=temperature, top_p=0.9)
+
+
+def test_a_pick_is_keyed_by_curve_items_tokens_mode_and_grid(tmp_path: Path) -> None:
+    grid = [LookaheadConfig(window=5, ngram=4, guess=5), LookaheadConfig(ngram=4, guess=1, pool_only=True)]
+    base = dict(curve=KEY, dataset="humaneval", items=["HumanEval/4"], tokens=128, mode="greedy", grid=grid)
+    path = autotune.pick_path(tmp_path, autotune.pick_key(**base))
+    variants = [{"curve": replace(KEY, threads=2)}, {"dataset": "mbpp"}, {"items": ["HumanEval/5"]}, {"tokens": 64},
+                {"mode": "t0.7-k0-p1"}, {"grid": grid[:1]}]
+    others = {autotune.pick_path(tmp_path, autotune.pick_key(**{**base, **v})) for v in variants}
+    assert path not in others and len(others) == len(variants)
+    assert autotune.pick_path(tmp_path, autotune.pick_key(**{**base, "grid": grid[::-1]})) == path   # a set
+
+
+@pytest.mark.parametrize("env", [True, False])
+def test_the_cache_lives_outside_the_repository(env: bool, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    if env:
+        monkeypatch.setenv("LOOKAHEAD_CALIBRATION_CACHE", str(tmp_path / "calib"))
+        assert autotune.cache_root() == tmp_path / "calib"
+    else:
+        monkeypatch.delenv("LOOKAHEAD_CALIBRATION_CACHE")
+        monkeypatch.setenv("LOOKAHEAD_CACHE", str(tmp_path / "models"))
+        assert autotune.cache_root() == tmp_path / "models" / "calibration"
