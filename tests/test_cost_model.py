@@ -341,3 +341,13 @@ def test_tree_labels_and_shapes():
     cost = CostModel(tokens=(1, 256), seconds=(1.0, 1.0))
     assert upper_bound(cost, tree) == pytest.approx(7.0)      # one 6-token draft + bonus, within budget 8
     assert upper_bound(cost, LookaheadConfig(ngram=4, guess=4, pool_only=True, budget=3)) == pytest.approx(3.0)
+
+
+def test_the_online_pick_is_the_widest_tree_of_the_grid_with_this_devices_step_costs():
+    from lookahead_core.cost import widest_tree
+
+    cost = CostModel(tokens=(1, 4, 64), seconds=(1.0, 1.5, 4.0), host_seconds=0.1)
+    tree = widest_tree(cost)
+    assert config_label(tree) == "pool_N5G7_tree_sfx4_rc4_d16_k64_ca"     # every source of the default grid's trees
+    assert tree.step_costs == cost.step_costs(tree) and len(tree.step_costs) == tree.budget == 64
+    assert widest_tree(cost, [LookaheadConfig(window=5, ngram=4, guess=5)]) is None    # no tree in the grid

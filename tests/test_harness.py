@@ -279,6 +279,26 @@ def test_auto_learns_acceptance_online_and_a_second_job_reuses_curve_pick_and_ac
     assert [p[2].tried for p in priors if p[1] == 12][0] == stored.tried - priors[-1][3].tried - priors[-2][3].tried
 
 
+def test_online_auto_calibrates_nothing_and_decodes_the_widest_cost_aware_tree(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, calibration_cache: Path) -> None:
+    from experiments.decoders import autotune
+    from lookahead_core import cost as cost_model
+
+    monkeypatch.setattr(cost_model, "choose_config", lambda *a, **k: pytest.fail("the online protocol calibrated a grid"))
+    path = run(tmp_path, "experiment=mtbench", "dataset.limit=2", "dataset.turns=1", "experiment.max_new_tokens=16",
+               "decoding=auto", "decoding.protocol=online", base=TINY_MODEL)
+    record = json.loads(path.with_suffix(".auto.json").read_text())
+    assert record["protocol"] == "online" and record["chosen"].endswith("_tree_sfx4_rc4_d16_k64_ca")
+    assert len(record["chosen_config"]["step_costs"]) == 64 and record["latency_provenance"]["key"]["model"] == "tiny_llama"
+    rows = read_rows(path)
+    auto = rows[rows["decoder"] == "auto"]
+    assert len(auto) == 2 and auto["matches_greedy"].all()
+    assert json.loads(auto["params"].iloc[0]) == record["chosen_config"]
+    assert autotune.AcceptanceStore(calibration_cache, "tiny_llama", "mtbench", "greedy").load() is not None
+    with pytest.raises(Exception, match="protocol"):
+        run(tmp_path, "experiment=mtbench", "decoding=auto", "decoding.protocol=bandit", base=TINY_MODEL)
+
+
 @needs_full_data("mtbench", why="it runs MT-Bench items 81-84 by id")
 def test_a_batched_run_resumes_redoing_only_unfinished_batches_and_writing_only_missing_rows(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

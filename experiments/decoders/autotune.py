@@ -27,7 +27,7 @@ import os
 import platform
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import pandas as pd
@@ -109,6 +109,40 @@ def calibrate(
     _write(path, record)
     if shared is not None:
         _write(shared, record)
+    return record
+
+
+def online(model, prompt: list[int], limits: DecodeLimits, path: Path, cost_model: cm.CostModel,
+           *, extra: dict | None = None) -> dict:
+    """The online protocol's record (or the one at ``path``): no grid calibrated; the pick is
+    :func:`lookahead_core.cost.widest_tree` on ``cost_model``, its step costs including the decode
+    loop's host time per greedy step, measured on one greedy decode of ``prompt`` (``limits``'
+    new tokens, at most 32). The draft acceptance its cuts start from is the caller's (stored, or
+    none: the tags' own estimates and the guesses), and grows with every evaluated turn."""
+    path = Path(path)
+    if path.exists():
+        return json.loads(path.read_text())
+    started = time.perf_counter()
+    short = DecodeLimits(min(32, limits.max_new_tokens), limits.eos_token_ids)
+    decode(model, prompt, None, short)                                   # warm-up
+    stats = decode(model, prompt, None, short).stats
+    host = max(0.0, stats.decode_seconds - stats.model_seconds) / max(stats.steps, 1)
+    curve = replace(cost_model, host_seconds=host)
+    chosen = cm.widest_tree(curve)
+    record = {
+        "protocol": "online",
+        "chosen": config_label(chosen),
+        "chosen_config": None if chosen is None else {k: v for k, v in asdict(chosen).items() if k != "seed"},
+        "calibrated_at": _now(), "calibration_prompts": 1, "calibration_tokens": short.max_new_tokens,
+        "calibration_seconds": time.perf_counter() - started,
+        "latency": curve.to_rows(), "candidates": [], "draft_prior": None,
+        "markdown": (f"#### decoding=auto (online) \n\nNo grid calibrated: **{config_label(chosen)}**, every step "
+                     f"cut by its nodes' estimates against this device's step costs (host {1e3 * host:.2f} ms a "
+                     "step).\n\nForward latency t(k)/t(1) on this device: "
+                     + ", ".join(f"{k}: {r:.2f}" for k, r in curve.relative())),
+        **(extra or {}),
+    }
+    _write(path, record)
     return record
 
 

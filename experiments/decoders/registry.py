@@ -239,12 +239,20 @@ class AutoDecoder(CoreDecoder):
         calibration_offset: Optional[int] = None   # first calibration item; None: after the range
         predict: bool = False            # also calibrate the job's other core decoders (predicted vs measured)
         recalibrate: bool = False        # measure the latency curve and calibrate again, ignoring the caches
+        # grid: calibrate the grid on the calibration items and decode with the predicted fastest;
+        # online: calibrate nothing, decode with the widest cost-aware tree (cost.widest_tree)
+        protocol: str = "grid"
+
+    PROTOCOLS = ("grid", "online")
+    LATER_FIELDS = ("protocol",)
 
     def __init__(self, name: str, params: Any, seed: int = 0) -> None:
         Decoder.__init__(self, name, params, seed)
         if params.calibration_items < 1 or params.calibration_tokens < 1:
             raise ValueError(f"calibration_items and calibration_tokens must be >= 1, got "
                              f"{params.calibration_items} and {params.calibration_tokens}")
+        if params.protocol not in self.PROTOCOLS:
+            raise ValueError(f"protocol must be one of {', '.join(self.PROTOCOLS)}, got {params.protocol!r}")
         self.config = None
         self.record: dict | None = None
         self.prior = None                # draft acceptance so far (DraftStats): the next decode's prior
@@ -308,10 +316,13 @@ class AutoDecoder(CoreDecoder):
                 always))
             if params.recalibrate:
                 shared.unlink(missing_ok=True)
-        self.record = autotune.calibrate(job.lm, prompts, limits, path, sampling=sampling, always=always,
-                                         cost_model=curve, prior=stored, shared=shared, extra=extra)
+        if params.protocol == "online":
+            self.record = autotune.online(job.lm, prompts[0], limits, path, curve, extra=extra)
+        else:
+            self.record = autotune.calibrate(job.lm, prompts, limits, path, sampling=sampling, always=always,
+                                             cost_model=curve, prior=stored, shared=shared, extra=extra)
         batch = job.settings.batch_size
-        if batch > 1:   # the pick for batches: what pays alone may not pay when B sequences share a forward
+        if batch > 1 and params.protocol == "grid":   # what pays alone may not pay when B sequences share a forward
             batch_cost = None
             if "batch" not in self.record:
                 alone = cost.CostModel.from_rows(self.record["latency"])

@@ -4,11 +4,13 @@
   :class:`CostModel`, which predicts a config's speedup from its step compression S or from a
   run's per-step record; the batch versions (``batch_latency``, ``predict_batch``).
 * ``choice``: :func:`choose_config` calibrates a grid on a few prompts and picks the predicted
-  fastest (``ChoiceReport`` says why); :func:`choose_for_batch` per batch size.
+  fastest (``ChoiceReport`` says why); :func:`choose_for_batch` per batch size;
+  :func:`widest_tree` the one cost-aware tree ``auto``'s online protocol decodes with.
 * ``grid``: the configs ``auto`` chooses among (each named by ``lookahead_core.config.config_label``).
 """
 
-from .choice import Calibration, ChoiceReport, choose_config, choose_for_batch, prefilled, survey_config
+from .choice import (Calibration, ChoiceReport, choose_config, choose_for_batch, prefilled, survey_config,
+                     widest_tree)
 from .curve import (DEFAULT_SIZES, CostModel, batch_latency, batch_seconds, bent_sizes, logit_rows_for,
                     measure_latency, predict_batch, step_shape, upper_bound)
 from .grid import (DEFAULT_LOOKAHEAD_GRID, DEFAULT_POOL_ONLY_GRID, DEFAULT_SUFFIX_ONLY_TREES,
@@ -19,5 +21,5 @@ __all__ = [
     "DEFAULT_SUFFIX_ONLY_TREES", "DEFAULT_SUFFIX_TREE_BUDGETS", "DEFAULT_TREE_BUDGETS", "batch_latency",
     "batch_seconds", "bent_sizes", "choose_config", "choose_for_batch", "default_grid",
     "logit_rows_for", "measure_latency", "predict_batch", "prefilled", "step_shape", "survey_config",
-    "tree_config", "upper_bound",
+    "tree_config", "upper_bound", "widest_tree",
 ]

@@ -155,6 +155,17 @@ def survey_config(grid: Sequence[LookaheadConfig]) -> LookaheadConfig | None:
                            sources=sizes, **widest)
 
 
+def widest_tree(cost_model: CostModel, grid: Sequence[LookaheadConfig] | None = None) -> LookaheadConfig | None:
+    """The online pick: one tree drafting from every source of ``grid``'s token trees (default
+    :func:`default_grid`), as wide and as deep as the widest of them (:func:`survey_config`), with
+    this device's ``step_costs``: each step feeds what its nodes' estimates say pays here, from
+    nothing (a greedy step) to the largest budget, so the per-step cut does the choosing a
+    calibrated grid does by decoding every candidate. ``None``: the grid has no token tree."""
+    trees = [cost_model.cost_aware(c) for c in (default_grid() if grid is None else grid)]
+    widest = survey_config(trees)
+    return None if widest is None else cost_model.cost_aware(widest)
+
+
 def choose_config(
     model: torch.nn.Module | CausalLM,
     calibration_prompts: list[list[int]],
