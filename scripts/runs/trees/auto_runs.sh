@@ -13,7 +13,10 @@
 # prompt prefilled once, and calibration decodes as long as the evaluated ones (128 tokens;
 # CALIBRATION_TOKENS overrides); auto5: auto4 from commit "auto5": the calibration first surveys
 # draft acceptance per (tag, depth) with one wide tree, and every cost-aware decode, calibration
-# and evaluated, cuts its steps by those measured rates instead of guesses).
+# and evaluated, cuts its steps by those measured rates instead of guesses). Since "auto: one
+# protocol" every auto is auto5's (cost-aware, the survey unless acceptance is stored; the
+# --cost-aware flag is gone): auto..auto4 reproduce only from the commits
+# results/benchmark/trees/README.md names.
 # Then: python -m experiments.presets.benchmark collect results/benchmark/trees
 set -u
 only=" $* "
@@ -22,7 +25,6 @@ calibration=${CALIBRATION_PROMPTS:-$([ "$prefix" = auto ] && echo 2 || echo 3)}
 models=${MODELS:-smollm2_135m qwen25_coder_05b}
 late=$([ "$prefix" = auto4 ] || [ "$prefix" = auto5 ] && echo 1)
 tokens=${CALIBRATION_TOKENS:-$([ -n "$late" ] && echo 128 || echo 64)}
-aware=(); [ -n "${COST_AWARE:-}" ] || [ -n "$late" ] && aware=(--cost-aware)
 cd "$(dirname "$0")/../../.."
 common=(--max-new-tokens 128 --configs --pool-only 3,1 --prompt-lookup 3 10 --auto --calibration-prompts $calibration --calibration-tokens $tokens --threads 1)
 # experiment and its --every (evenly spaced items; MT-Bench: 8 categories of 10)
@@ -35,6 +37,6 @@ for model in $models; do
         [ -n "${only// /}" ] && [[ "$only" != *" $1 "* ]] && continue
         every=$([ "$model" = smollm2_135m ] && echo "$2" || echo $(( $2 * 2 )))
         nice -n 5 python -m experiments.presets.benchmark run --model "$model" --dataset "$1" --limit "$limit" --every "$every" \
-            "${common[@]}" "${aware[@]}" --out "results/benchmark/trees/${prefix}_${short}_$1"
+            "${common[@]}" --out "results/benchmark/trees/${prefix}_${short}_$1"
     done
 done
