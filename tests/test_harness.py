@@ -274,6 +274,8 @@ def test_auto_learns_acceptance_online_and_a_second_job_reuses_curve_pick_and_ac
                 base=TINY_MODEL)
     reused = json.loads(other.with_suffix(".auto.json").read_text())
     assert chosen == [None] and reused["reused_from"] and reused["latency_provenance"]["reused"]
+    assert reused["calibration_seconds"] == record["calibration_seconds"]     # the pick's, copied
+    assert "job_calibration_seconds" in reused and "job_calibration_seconds" in record   # each job's own
     assert reused["chosen"] == record["chosen"]
     stored = store.load()
     assert [p[2].tried for p in priors if p[1] == 12][0] == stored.tried - priors[-1][3].tried - priors[-2][3].tried

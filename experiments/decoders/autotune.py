@@ -78,7 +78,7 @@ def calibrate(
     if shared is not None and shared.exists():
         record = json.loads(shared.read_text())
         record = {**record, **(extra or {}), "reused_from": str(shared)}
-        _write(path, record)
+        write_json(path, record)
         return record
     grid = list(cm.default_grid() if grid is None else grid)
     with tqdm(desc="decoding=auto: calibrating", total=None, leave=False) as bar:
@@ -106,9 +106,9 @@ def calibrate(
                     + ", ".join(f"{k}: {r:.2f}" for k, r in report.cost_model.relative()),
         **(extra or {}),
     }
-    _write(path, record)
+    write_json(path, record)
     if shared is not None:
-        _write(shared, record)
+        write_json(shared, record)
     return record
 
 
@@ -142,11 +142,11 @@ def online(model, prompt: list[int], limits: DecodeLimits, path: Path, cost_mode
                      + ", ".join(f"{k}: {r:.2f}" for k, r in curve.relative())),
         **(extra or {}),
     }
-    _write(path, record)
+    write_json(path, record)
     return record
 
 
-def _write(path: Path, record: dict) -> None:
+def write_json(path: Path, record: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(path.suffix + ".partial")
     partial.write_text(json.dumps(record, indent=1, default=str) + "\n")
@@ -185,7 +185,7 @@ def calibrate_batch(model, prompts: list[list[int]], limits: DecodeLimits, path:
     }}
     record["markdown"] += (f"\n\nFor batches of {batch}: **{pick}** (predicted speedup over batched greedy: "
                            + ", ".join(f"{k} {v:.2f}x" for k, v in predicted.items()) + ")")
-    _write(path, record)
+    write_json(path, record)
     return record
 
 
@@ -304,7 +304,7 @@ def latency_curve(lm, key: CurveKey, root: Path, *, remeasure: bool = False,
     curve = measure(lm, kv_length=key.kv_length, batch=key.batch)
     meta = {"key": asdict(key), "measured_at": _now(), "host": platform.node(),
             "load_average": [before, os.getloadavg()[0]], "seconds": time.perf_counter() - started}
-    _write(path, {"format": CACHE_FORMAT, "key": asdict(key), "meta": meta, "rows": curve.to_rows()})
+    write_json(path, {"format": CACHE_FORMAT, "key": asdict(key), "meta": meta, "rows": curve.to_rows()})
     return curve, {**meta, "reused": False, "path": str(path)}
 
 
@@ -337,7 +337,7 @@ class AcceptanceStore:
     def save(self, stats: DraftStats, new_decodes: int = 1) -> None:
         """Store ``stats`` (the counts so far, those loaded included), ``new_decodes`` more than before."""
         self.decodes += new_decodes
-        _write(self.path, {"format": CACHE_FORMAT, "key": self.key, "updated_at": _now(), "decodes": self.decodes,
+        write_json(self.path, {"format": CACHE_FORMAT, "key": self.key, "updated_at": _now(), "decodes": self.decodes,
                            "table": stats.table(by_source=False)})
 
 

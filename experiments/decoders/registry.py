@@ -289,6 +289,7 @@ class AutoDecoder(CoreDecoder):
 
     def prepare(self, job) -> None:
         import statistics
+        import time
 
         from experiments.decoders import autotune
         from lookahead_core import cost
@@ -307,7 +308,8 @@ class AutoDecoder(CoreDecoder):
         stored = None if params.recalibrate else self.store.load()
         curve = shared = None
         extra: dict = {}
-        if not path.exists():            # a resumed job keeps its own record, curve and pick
+        started, fresh = time.perf_counter(), not path.exists()
+        if fresh:                        # a resumed job keeps its own record, curve and pick
             kv = int(statistics.fmean(len(p) for p in prompts) + params.calibration_tokens / 2)
             key = autotune.CurveKey.of(job.lm, model, kv)
             curve, extra["latency_provenance"] = autotune.latency_curve(job.lm, key, root, remeasure=params.recalibrate)
@@ -322,6 +324,9 @@ class AutoDecoder(CoreDecoder):
             self.record = autotune.calibrate(job.lm, prompts, limits, path, sampling=sampling, always=always,
                                              cost_model=curve, prior=stored, shared=shared, extra=extra)
         batch = job.settings.batch_size
+        if fresh:                        # what this job spent (a reused pick: the curve's lookup only)
+            self.record["job_calibration_seconds"] = time.perf_counter() - started
+            autotune.write_json(path, self.record)
         if batch > 1 and params.protocol == "grid":   # what pays alone may not pay when B sequences share a forward
             batch_cost = None
             if "batch" not in self.record:
