@@ -81,10 +81,12 @@ def test_acceptance_is_stored_per_model_dataset_and_mode(tmp_path: Path) -> None
     stats.fed["suffix:4", 1], stats.tried["suffix:4", 1], stats.accepted["suffix:4", 1] = 9, 8, 6
     store = autotune.AcceptanceStore(tmp_path, "smollm2_135m", "humaneval", "greedy")
     assert store.load() is None
-    store.save(stats, new_decodes=3)
-    store.save(stats)
+    store.add(stats, decodes=3)
+    beside = autotune.AcceptanceStore(tmp_path, "smollm2_135m", "humaneval", "greedy")   # another decoder
+    beside.add(stats)
     again = autotune.AcceptanceStore(tmp_path, "smollm2_135m", "humaneval", "greedy")
-    assert again.load() == stats and again.decodes == 4
+    total = again.load()
+    assert total.tried == stats.tried + stats.tried and total.accepted["suffix:4", 1] == 12 and again.decodes == 4
     for other in (("smollm2_135m", "mbpp", "greedy"), ("qwen25_coder_05b", "humaneval", "greedy"),
                   ("smollm2_135m", "humaneval", autotune.sampling_mode(_sampling(0.7)))):
         assert autotune.AcceptanceStore(tmp_path, *other).load() is None

@@ -263,7 +263,7 @@ def test_auto_learns_acceptance_online_and_a_second_job_reuses_curve_pick_and_ac
     assert second.tried == prior.tried + turn1.tried             # the first turn's state
     assert third.tried == prior.tried + turn1.tried + turn2.tried   # online: both of item 1's turns
     store = autotune.AcceptanceStore(calibration_cache, "tiny_llama", "mtbench", "greedy")
-    assert store.load().tried == third.tried + turn3.tried + turn4.tried and store.decodes == 4
+    assert store.load().tried == third.tried + turn3.tried + turn4.tried and store.decodes == 1 + 4   # survey + turns
 
     priors.clear()                                               # resumed: the record, not a new pick
     assert run(tmp_path, *overrides[:1], "dataset.limit=3", *overrides[2:], base=TINY_MODEL) == path
@@ -299,6 +299,21 @@ def test_online_auto_calibrates_nothing_and_decodes_the_widest_cost_aware_tree(
     assert autotune.AcceptanceStore(calibration_cache, "tiny_llama", "mtbench", "greedy").load() is not None
     with pytest.raises(Exception, match="protocol"):
         run(tmp_path, "experiment=mtbench", "decoding=auto", "decoding.protocol=bandit", base=TINY_MODEL)
+
+    store = autotune.AcceptanceStore(calibration_cache, "tiny_llama", "mtbench", "greedy")
+    store.load()
+    assert store.decodes == 2
+    again = run(tmp_path / "again", "experiment=mtbench", "dataset.limit=1", "dataset.turns=1",
+                "experiment.max_new_tokens=16", "decoding=auto", "decoding.protocol=online", base=TINY_MODEL)
+    assert json.loads(again.with_suffix(".auto.json").read_text())["latency_provenance"]["reused"]
+    store.load()
+    assert store.decodes == 3                                                # the store grows
+    fresh = run(tmp_path / "fresh", "experiment=mtbench", "dataset.limit=1", "dataset.turns=1",
+                "experiment.max_new_tokens=16", "decoding=auto", "decoding.protocol=online",
+                "decoding.recalibrate=true", base=TINY_MODEL)
+    assert not json.loads(fresh.with_suffix(".auto.json").read_text())["latency_provenance"]["reused"]
+    store.load()
+    assert store.decodes == 1                                                # forgotten, then this job's turn
 
 
 @needs_full_data("mtbench", why="it runs MT-Bench items 81-84 by id")

@@ -322,7 +322,7 @@ class AcceptanceStore:
     def __init__(self, root: Path, model: str, dataset: str, mode: str) -> None:
         self.key = {"model": model, "dataset": dataset, "mode": mode}
         self.path = root / "acceptance" / f"{_slug(self.key)}.json"
-        self.decodes = 0                  # decodes the stored counts come from
+        self.decodes = 0                  # decodes the stored counts come from (as of the last load)
 
     def load(self) -> DraftStats | None:
         """The stored counts (``None``: none stored, or in another format)."""
@@ -334,11 +334,14 @@ class AcceptanceStore:
         self.decodes = int(stored.get("decodes", 0))
         return DraftStats.from_table(stored["table"])
 
-    def save(self, stats: DraftStats, new_decodes: int = 1) -> None:
-        """Store ``stats`` (the counts so far, those loaded included), ``new_decodes`` more than before."""
-        self.decodes += new_decodes
+    def add(self, stats: DraftStats, decodes: int = 1) -> None:
+        """Add ``stats``' own counts (``decodes`` decodes' worth) to what is stored now: several
+        decoders of one job, or jobs side by side, each add theirs."""
+        total = self.load() or DraftStats()
+        total.merge(stats)
+        self.decodes += decodes
         write_json(self.path, {"format": CACHE_FORMAT, "key": self.key, "updated_at": _now(), "decodes": self.decodes,
-                           "table": stats.table(by_source=False)})
+                               "table": total.table(by_source=False)})
 
 
 def pick_key(curve: CurveKey, dataset: str, items: Sequence[str], tokens: int, mode: str,

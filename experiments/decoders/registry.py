@@ -285,7 +285,7 @@ class AutoDecoder(CoreDecoder):
         if self.prior is None or self.store is None or generation.stats is None:
             return
         self.prior.merge(generation.stats.drafts)
-        self.store.save(self.prior)
+        self.store.add(generation.stats.drafts)
 
     def prepare(self, job) -> None:
         import statistics
@@ -305,7 +305,9 @@ class AutoDecoder(CoreDecoder):
         root, model, dataset = autotune.cache_root(), job.settings.model.name, job.settings.dataset.name
         mode = autotune.sampling_mode(sampling)
         self.store = autotune.AcceptanceStore(root, model, dataset, mode)
-        stored = None if params.recalibrate else self.store.load()
+        if params.recalibrate and not path.exists():
+            self.store.path.unlink(missing_ok=True)
+        stored = self.store.load()
         curve = shared = None
         extra: dict = {}
         started, fresh = time.perf_counter(), not path.exists()
@@ -337,6 +339,8 @@ class AutoDecoder(CoreDecoder):
                                                    sampling=sampling, batch_cost=batch_cost)
         self.config = autotune.chosen_config(self.record, seed=self.seed)
         self.prior = stored.learnt() if stored is not None else autotune.draft_prior(self.record)
+        if stored is None and self.prior is not None and self.record.get("draft_prior_source") == "survey":
+            self.store.add(self.prior, decodes=len(prompts))     # the survey's, for the next job
         if self.prior is None and self.config is not None:
             from lookahead_core import DraftStats
 
