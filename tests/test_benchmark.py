@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from experiments.presets import benchmark
+from experiments.reporting import drafts
 from lookahead_core.config import linear_twin
 
 from experiments.job import runner
@@ -296,11 +297,11 @@ def test_tree_configs_and_spread_items(tmp_path: Path):
     assert split["commit"].tolist() == [runner.git_commit(runner.repo_root())] * 2
     (tmp_path / "tree_only" / "rows.csv").unlink()
     (tmp_path / "linear_only" / "rows.csv").unlink()
-    assert benchmark.draft_acceptance(df)["tried"].sum() > 0
+    assert drafts.draft_acceptance(df)["tried"].sum() > 0
     assert "Draft nodes per source and depth" in (out / "summary.md").read_text()
-    reliability = benchmark.draft_reliability(df)
+    reliability = drafts.draft_reliability(df)
     assert {"suffix", "recycle"} <= set(reliability["source"]) and (out / "reliability.png").is_file()
-    acceptance = benchmark.draft_acceptance(df).groupby("decoder")["tried"].sum()
+    acceptance = drafts.draft_acceptance(df).groupby("decoder")["tried"].sum()
     for decoder, tried in reliability.groupby("decoder")["tried"].sum().items():   # a node per tag vs per node
         assert 0 < tried <= acceptance[decoder]
     assert "Token trees against linear branches" in benchmark.write_collection(tmp_path)
@@ -352,9 +353,9 @@ def test_draft_reliability_sums_prompts_weighted_by_nodes_tried(tmp_path: Path):
             [{"source": "recycle", "bin": 8, "tried": 6, "predicted": 0.81, "observed": 1.0},
              {"source": "suffix", "bin": 2, "tried": 1, "predicted": 0.2, "observed": 0.0}]]
     df = pd.DataFrame({"decoder": ["tree", "tree"], "draft_reliability": [json.dumps(r) for r in rows]})
-    table = benchmark.draft_reliability(df).set_index(["source", "bin"])
+    table = drafts.draft_reliability(df).set_index(["source", "bin"])
     assert table.loc[("recycle", 8), "tried"] == 8
     assert table.loc[("recycle", 8), "predicted"] == pytest.approx((2 * 0.85 + 6 * 0.81) / 8)
     assert table.loc[("recycle", 8), "observed"] == pytest.approx((1 + 6) / 8)
-    benchmark.plot_reliability(benchmark.draft_reliability(df), tmp_path / "r.png", "t")
+    drafts.plot_reliability(drafts.draft_reliability(df), tmp_path / "r.png", "t")
     assert (tmp_path / "r.png").stat().st_size > 0

@@ -297,6 +297,10 @@ def test_online_auto_calibrates_nothing_and_decodes_the_widest_cost_aware_tree(
     assert len(auto) == 2 and auto["matches_greedy"].all()
     assert json.loads(auto["params"].iloc[0]) == record["chosen_config"]
     assert autotune.AcceptanceStore(calibration_cache, "tiny_llama", "mtbench", "greedy").load() is not None
+    text = report.write_report([path], tmp_path / "report").read_text()
+    assert "what calibrating cost" in text and "| auto | online |" in text and "Draft estimates" in text
+    reliability = pd.read_csv(tmp_path / "report" / "draft_reliability.csv")
+    assert reliability["tried"].sum() > 0 and (tmp_path / "report" / "reliability.png").is_file()
     with pytest.raises(Exception, match="protocol"):
         run(tmp_path, "experiment=mtbench", "decoding=auto", "decoding.protocol=bandit", base=TINY_MODEL)
 

@@ -37,6 +37,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from experiments.models.heads import heads_dir, model_spec, train_command
+from experiments.reporting.drafts import draft_acceptance
 
 CHUNK = 256                     # tokens per training chunk
 HELD_OUT = 0.05                 # share of chunks held out for the accuracy table
@@ -332,7 +333,7 @@ def collect(root: Path) -> str:
                           "speedup (sum)": f"{r['speedup_sum']:.2f}x", "speedup (median)": f"{r['speedup_median']:.2f}x",
                           "outside the model": f"{100 * r['overhead']:.0f}%",
                           "equal to greedy": f"{r['match_hf_greedy']:.0%}"})
-        acceptance = benchmark.draft_acceptance(df)
+        acceptance = draft_acceptance(df)
         if len(acceptance):
             for decoder, group in acceptance[acceptance["source"] == "medusa"].groupby("decoder"):
                 row = {"model": model, "set": dataset, "decoder": role(decoder)}

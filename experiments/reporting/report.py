@@ -21,6 +21,7 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.figure import Figure
 
+from experiments.reporting.drafts import draft_reliability, plot_reliability
 from experiments.reporting.tables import markdown
 from experiments.rows.schema import COLUMNS
 from experiments.grading.metrics import ROUGE_TYPES, bootstrap_ci, pass_at_k_report
@@ -29,7 +30,8 @@ GROUP = ["experiment", "model", "device", "dtype", "config", "settings"]
 PAIR = ["item_id", "turn", "seed"]
 BOOL_COLUMNS = ["baseline", "prompt_pool", "pool_only", "matches_greedy", "passed"]
 TEXT_COLUMNS = ["experiment", "dataset", "item_id", "batch_items", "category", "model", "decoder", "family", "config",
-                "settings", "assistant", "params", "git_commit", "text", "diff_verdict", "sandbox", "step_log"]
+                "settings", "assistant", "params", "git_commit", "text", "diff_verdict", "sandbox", "step_log",
+                "draft_acceptance", "draft_reliability"]
 PASS_KS = (1, 10, 100)
 
 SUMMARY_COLUMNS = [
@@ -300,6 +302,12 @@ def write_report(paths: Iterable[str | Path], out_dir: str | Path) -> Path:
     table = summarize(df)
     table.to_csv(out / "summary.csv", index=False)
     plots = [*plot_scaling(df, out), plot_speedup(table, out), plot_accepted(df, out)]
+    reliability = draft_reliability(df)
+    if not reliability.empty:
+        reliability.to_csv(out / "draft_reliability.csv", index=False)
+        plot_reliability(reliability, out / "reliability.png", "all rows")
+        plots.append(out / "reliability.png")
+    calibration = auto_calibration(find_csvs(paths))
     sections = [
         "# Lookahead decoding results",
         f"{len(df)} rows from {df.groupby(GROUP).ngroups} run setups.",
@@ -312,11 +320,47 @@ def write_report(paths: Iterable[str | Path], out_dir: str | Path) -> Path:
             "included, as Spec-Bench times a generation), mean accepted tokens per step, overall; the last row "
             "counts the turns per column.\n\n" + leaderboard_markdown(leaderboard(df[df["dataset"] == "specbench"]))]
           if (df["dataset"] == "specbench").any() else []),
+        *(["## `auto`: what calibrating cost beside the decoding it tuned\n\n" + AUTO_NOTE + "\n\n"
+            + to_markdown(calibration)] if len(calibration) else []),
+        *(["## Draft estimates: predicted against observed acceptance\n\nPer decoder (all its setups) and "
+            "source, each tried node binned by the decile of the estimate its step was cut with "
+            "(`docs/auto.md`); `reliability.png` draws it.\n\n" + to_markdown(reliability)]
+          if not reliability.empty else []),
         "## Plots\n\n" + "\n".join(f"![{p.stem}]({p.name})" for p in plots if p is not None),
     ]
     report = out / "report.md"
     report.write_text("\n\n".join(sections) + "\n", encoding="utf-8")
     return report
+
+
+AUTO_NOTE = ("`calibration_s`: what the job spent preparing the decoder (latency curve, calibration decodes; a pick "
+             "reused from the cache costs only its lookup); `pick_calibration_s`: what the pick cost when it was "
+             "made; `decode_s`: the decoder's summed decoding time over the job's rows; `share` = calibration_s / "
+             "decode_s.")
+
+
+def auto_calibration(files: Sequence[Path]) -> pd.DataFrame:
+    """Per ``auto`` decoder of each results file (its record beside it, ``<csv>.<name>.json``): the
+    pick, the protocol, this job's calibration seconds against the decoder's decoding seconds."""
+    rows = []
+    for path in files:
+        for record_path in sorted(path.parent.glob(path.stem + ".*.json")):
+            name = record_path.name[len(path.stem) + 1:-len(".json")]
+            record = json.loads(record_path.read_text())
+            if "chosen" not in record:
+                continue
+            rows_of_file = load_results([path])
+            mine = rows_of_file[rows_of_file["decoder"] == name]
+            decode_s = float(mine["decode_s"].sum())
+            spent = record.get("job_calibration_seconds",             # older records: the pick's own, unless reused
+                                None if "reused_from" in record else record.get("calibration_seconds"))
+            rows.append({"experiment": mine["experiment"].iloc[0] if len(mine) else None,
+                         "model": mine["model"].iloc[0] if len(mine) else None, "decoder": name,
+                         "protocol": record.get("protocol", "grid"), "pick": record["chosen"],
+                         "reused": "reused_from" in record, "calibration_s": spent,
+                         "pick_calibration_s": record.get("calibration_seconds"), "items": mine["item_id"].nunique(),
+                         "decode_s": decode_s, "share": spent / decode_s if decode_s and spent is not None else None})
+    return pd.DataFrame(rows)
 
 
 def _quality_section(table: pd.DataFrame) -> str:
