@@ -25,6 +25,7 @@ import hashlib
 import json
 import os
 import platform
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -110,6 +111,65 @@ def calibrate(
     if shared is not None:
         write_json(shared, record)
     return record
+
+
+def prepare(lm, model: str, dataset: str, item_ids: Sequence[str], prompts: list[list[int]], limits: DecodeLimits,
+            path: Path, *, protocol: str = "grid", sampling: SamplingConfig | None = None,
+            always: Sequence[LookaheadConfig] = (), batch: int = 1, recalibrate: bool = False,
+            root: Path | None = None) -> tuple[dict, AcceptanceStore, DraftStats | None]:
+    """``decoding=auto``'s pick for a job, with the caches (:func:`cache_root`): the record at
+    ``path`` if a resumed job has one; else the latency curve (cached per :class:`CurveKey`), then
+    protocol ``grid`` (:func:`calibrate` on ``prompts``, the calibration items ``item_ids``; a pick
+    cached for the same key is copied; acceptance stored for (model, dataset, mode) replaces the
+    survey) or ``online`` (:func:`online`); for ``batch`` > 1 under ``grid``,
+    :func:`calibrate_batch`. ``recalibrate`` forgets the cached curve, pick and acceptance first.
+
+    Returns the record (with ``job_calibration_seconds``, what this call spent, when it made or
+    copied one), the acceptance store the evaluated turns add to, and the prior of the first
+    evaluated decode (the stored acceptance, else the survey's, else ``None``)."""
+    root = cache_root() if root is None else root
+    mode = sampling_mode(sampling)
+    store = AcceptanceStore(root, model, dataset, mode)
+    fresh, started = not Path(path).exists(), time.perf_counter()
+    if recalibrate and fresh:
+        store.path.unlink(missing_ok=True)
+    stored = store.load()
+    if fresh:                            # a resumed job keeps its own record: its curve and pick
+        kv = int(statistics.fmean(len(p) for p in prompts) + limits.max_new_tokens / 2)
+        key = CurveKey.of(lm, model, kv)
+        curve, provenance = latency_curve(lm, key, root, remeasure=recalibrate)
+        extra = {"latency_provenance": provenance}
+        if protocol == "online":
+            record = online(lm, prompts[0], limits, path, curve, extra=extra)
+        else:
+            shared = pick_path(root, pick_key(key, dataset, item_ids, limits.max_new_tokens, mode, cm.default_grid(),
+                                              always))
+            if recalibrate:
+                shared.unlink(missing_ok=True)
+            record = calibrate(lm, prompts, limits, path, sampling=sampling, always=always, cost_model=curve,
+                               prior=stored, shared=shared, extra=extra)
+        record["job_calibration_seconds"] = time.perf_counter() - started
+        write_json(path, record)
+    else:
+        record = json.loads(Path(path).read_text())
+    if batch > 1 and protocol == "grid" and "batch" not in record:
+        alone = cm.CostModel.from_rows(record["latency"])
+        batch_cost, _ = latency_curve(lm, CurveKey.of(lm, model, alone.kv_length, batch), root, remeasure=recalibrate)
+        record = calibrate_batch(lm, prompts, limits, path, record, batch, sampling=sampling, batch_cost=batch_cost)
+    prior = stored.learnt() if stored is not None else draft_prior(record)
+    if stored is None and prior is not None and record.get("draft_prior_source") == "survey":
+        store.add(prior, decodes=len(prompts))          # the survey's, for the next job
+    return record, store, prior
+
+
+def describe(record: dict, path: Path) -> str:
+    """One line on a record: the pick, where the record is, what it reused."""
+    curve = record.get("latency_provenance") or {}
+    batch = record.get("batch", {}).get("batch_size")
+    return (f"the cost model chose {chosen_label(record)}" + (f" for batches of {batch}" if batch else "")
+            + f" (calibration record: {path}" + (f"; reused from {record['reused_from']}" if "reused_from" in record else "")
+            + (f"; latency curve of {curve['measured_at']} at load {curve['load_average'][0]:.1f}" if curve else "")
+            + ")")
 
 
 def online(model, prompt: list[int], limits: DecodeLimits, path: Path, cost_model: cm.CostModel,

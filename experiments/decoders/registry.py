@@ -288,69 +288,26 @@ class AutoDecoder(CoreDecoder):
         self.store.add(generation.stats.drafts)
 
     def prepare(self, job) -> None:
-        import statistics
-        import time
-
         from experiments.decoders import autotune
-        from lookahead_core import cost
 
         params = self.params
         items = job.calibration_items(params.calibration_items, params.calibration_offset)
-        prompts = [job.prompt_ids(item, 0, ()) for item in items]
-        limits = dataclasses.replace(job.settings.limits, max_new_tokens=params.calibration_tokens)
         always = [d.config for d in job.settings.decoders
                   if params.predict and isinstance(d, CoreDecoder) and d.config is not None and d is not self]
         sampling = None if job.settings.sampling.greedy else job.settings.sampling
         path = job.auto_record_path(self.name)
-        root, model, dataset = autotune.cache_root(), job.settings.model.name, job.settings.dataset.name
-        mode = autotune.sampling_mode(sampling)
-        self.store = autotune.AcceptanceStore(root, model, dataset, mode)
-        if params.recalibrate and not path.exists():
-            self.store.path.unlink(missing_ok=True)
-        stored = self.store.load()
-        curve = shared = None
-        extra: dict = {}
-        started, fresh = time.perf_counter(), not path.exists()
-        if fresh:                        # a resumed job keeps its own record, curve and pick
-            kv = int(statistics.fmean(len(p) for p in prompts) + params.calibration_tokens / 2)
-            key = autotune.CurveKey.of(job.lm, model, kv)
-            curve, extra["latency_provenance"] = autotune.latency_curve(job.lm, key, root, remeasure=params.recalibrate)
-            shared = autotune.pick_path(root, autotune.pick_key(
-                key, dataset, [item.item_id for item in items], params.calibration_tokens, mode, cost.default_grid(),
-                always))
-            if params.recalibrate:
-                shared.unlink(missing_ok=True)
-        if params.protocol == "online":
-            self.record = autotune.online(job.lm, prompts[0], limits, path, curve, extra=extra)
-        else:
-            self.record = autotune.calibrate(job.lm, prompts, limits, path, sampling=sampling, always=always,
-                                             cost_model=curve, prior=stored, shared=shared, extra=extra)
-        batch = job.settings.batch_size
-        if fresh:                        # what this job spent (a reused pick: the curve's lookup only)
-            self.record["job_calibration_seconds"] = time.perf_counter() - started
-            autotune.write_json(path, self.record)
-        if batch > 1 and params.protocol == "grid":   # what pays alone may not pay when B sequences share a forward
-            batch_cost = None
-            if "batch" not in self.record:
-                alone = cost.CostModel.from_rows(self.record["latency"])
-                key = autotune.CurveKey.of(job.lm, model, alone.kv_length, batch)
-                batch_cost, _ = autotune.latency_curve(job.lm, key, root, remeasure=params.recalibrate)
-            self.record = autotune.calibrate_batch(job.lm, prompts, limits, path, self.record, batch,
-                                                   sampling=sampling, batch_cost=batch_cost)
+        self.record, self.store, self.prior = autotune.prepare(
+            job.lm, job.settings.model.name, job.settings.dataset.name, [item.item_id for item in items],
+            [job.prompt_ids(item, 0, ()) for item in items],
+            dataclasses.replace(job.settings.limits, max_new_tokens=params.calibration_tokens), path,
+            protocol=params.protocol, sampling=sampling, always=always, batch=job.settings.batch_size,
+            recalibrate=params.recalibrate)
         self.config = autotune.chosen_config(self.record, seed=self.seed)
-        self.prior = stored.learnt() if stored is not None else autotune.draft_prior(self.record)
-        if stored is None and self.prior is not None and self.record.get("draft_prior_source") == "survey":
-            self.store.add(self.prior, decodes=len(prompts))     # the survey's, for the next job
         if self.prior is None and self.config is not None:
             from lookahead_core import DraftStats
 
             self.prior = DraftStats()
-        curve_note = extra.get("latency_provenance") or self.record.get("latency_provenance") or {}
-        print(f"{self.name}: the cost model chose {autotune.chosen_label(self.record)}"
-              + (f" for batches of {batch}" if batch > 1 else "") + f" (calibration record: {path}"
-              + (f"; reused from {self.record['reused_from']}" if "reused_from" in self.record else "")
-              + (f"; latency curve of {curve_note['measured_at']} at load {curve_note['load_average'][0]:.1f}"
-                 if curve_note else "") + ")")
+        print(f"{self.name}: {autotune.describe(self.record, path)}")
 
 
 # ---------------------------------------------------------------------------------------------
