@@ -54,6 +54,7 @@ SUFFIX_CONTEXT = 4          # the longest context suffix SuffixSource looks up i
 MATCH_CAP = 32              # how far back a found match is measured (its tag's bucket)
 LOOKUPS = 32                # occurrences of one key measured per step, most recent first
 PRIOR_TRIES = 2             # the weight, in tries, of a (tag, depth)'s prior acceptance
+SCALE_TRIES = 20            # the weight, in nodes, of a source's guesses being right (DraftStats.scale)
 
 
 @dataclass(frozen=True)
@@ -296,20 +297,47 @@ class DraftStats:
     # What the estimates said against what happened, per (source, decile of the predicted rate):
     # each tried node's predicted acceptance given its parent, and whether it was accepted.
     calibration: Counter = field(default_factory=Counter, repr=False, compare=False)
+    # Per source: the guesses its tried nodes had (where they had one) and how many were accepted.
+    guesses: Counter = field(default_factory=Counter, repr=False, compare=False)
     _rates: dict = field(default_factory=dict, repr=False, compare=False)
+    _scales: dict = field(default_factory=dict, repr=False, compare=False)
 
-    def rate(self, tag: str, depth: int) -> float:
-        key = (tag, depth)
+    def rate(self, tag: str, depth: int, scaled: bool = True) -> float:
+        """The smoothed acceptance of (tag, depth) given the parent; its guess part (a tag's own
+        estimate, or the coin flip at depth 1) times the source's :meth:`scale` unless ``scaled``
+        is false (what the reliability record compares the outcomes with)."""
+        key = (tag, depth, scaled)
         if key not in self._rates:
-            guess = tag_guess(tag)
-            if self.prior is not None and self.prior.tried[key]:
-                prior = self.prior.rate(tag, depth)
-            elif guess is not None:                 # the node's own estimate, until measured
-                prior = guess
+            counts = (tag, depth)
+            guess = _guess(tag, depth)
+            if self.prior is not None and self.prior.tried[counts]:
+                prior = self.prior.rate(tag, depth, scaled)
+            elif guess is not None:                   # the node's own estimate, or a coin flip, until measured
+                prior = min(1.0, guess * (self.scale(base_source(tag)) if scaled else 1.0))
             else:
-                prior = 0.5 if depth <= 1 else self.rate(tag, depth - 1)
-            self._rates[key] = (self.accepted[key] + PRIOR_TRIES * prior) / (self.tried[key] + PRIOR_TRIES)
+                prior = self.rate(tag, depth - 1, scaled)
+            self._rates[key] = (self.accepted[counts] + PRIOR_TRIES * prior) / (self.tried[counts] + PRIOR_TRIES)
         return self._rates[key]
+
+    def scale(self, source: str) -> float:
+        """How the source's guesses have fared: its tried nodes' accepted count over the sum of the
+        guesses they had (a tag's own estimate, or the coin flip at depth 1), this decode's and the
+        prior's, toward 1 with ``SCALE_TRIES`` pseudo-nodes. Guesses the reliability record shows
+        to be too hopeful (recycled successors' softmax probabilities, a coin flip for a pool
+        n-gram) shrink by it before their classes are measured; calibrated ones keep about 1."""
+        if source not in self._scales:
+            accepted = guessed = 0.0
+            for stats in (self, self.prior):
+                if stats is not None:
+                    accepted += stats.guesses[source, "accepted"]
+                    guessed += stats.guesses[source, "guessed"]
+            self._scales[source] = min(max((accepted + SCALE_TRIES) / (guessed + SCALE_TRIES), 0.1), 2.0)
+        return self._scales[source]
+
+    def estimate(self, tags: Sequence[str], depth: int) -> tuple[float, str]:
+        """A node's estimated acceptance given its parent (the best of its tags' rates) and the tag
+        it comes from: what ``Proposer.scores`` multiplies along the path."""
+        return max((self.rate(tag, depth), tag) for tag in tags)
 
     def learnt(self) -> DraftStats:
         """The prior's counts plus these, as one prior for the next decode (no prior of its own)."""
@@ -318,11 +346,6 @@ class DraftStats:
             out.merge(self.prior)
         out.merge(self)
         return out
-
-    def estimate(self, tags: Sequence[str], depth: int) -> tuple[float, str]:
-        """A node's estimated acceptance given its parent (the best of its tags' rates) and the tag
-        it comes from: what ``Proposer.scores`` multiplies along the path."""
-        return max((self.rate(tag, depth), tag) for tag in tags)
 
     def record(self, tree: DraftTree, path: Sequence[int]) -> None:
         """Count a verified step: every node fed, those tried, those accepted; and, per tried node,
@@ -333,18 +356,22 @@ class DraftStats:
             if parent in reached:
                 predicted, tag = self.estimate(tags, depth)
                 _calibrate(self.calibration, base_source(tag), predicted, node in on_path)
+                guess = _guess(tag, depth)
+                if guess is not None:
+                    self.guesses[base_source(tag), "guessed"] += guess
+                    self.guesses[base_source(tag), "accepted"] += node in on_path
         for node, (tags, parent, depth) in enumerate(zip(tree.tags, tree.parents, tree.depths)):
             for tag in tags:
                 self.fed[tag, depth] += 1
                 if parent in reached:
                     self.tried[tag, depth] += 1
                     self.accepted[tag, depth] += node in on_path
-        self._rates.clear()
+        self._rates.clear(), self._scales.clear()
 
     def merge(self, other: DraftStats) -> None:
         self.fed.update(other.fed), self.tried.update(other.tried), self.accepted.update(other.accepted)
-        self.calibration.update(other.calibration)
-        self._rates.clear()
+        self.calibration.update(other.calibration), self.guesses.update(other.guesses)
+        self._rates.clear(), self._scales.clear()
 
     def reliability(self) -> list[dict]:
         """Rows (source, bin, tried, predicted = mean estimate, observed = accepted / tried) per
@@ -370,6 +397,13 @@ class DraftStats:
             key = (row["source"], int(row["depth"]))
             stats.fed[key], stats.tried[key], stats.accepted[key] = (int(row[k]) for k in ("fed", "tried", "accepted"))
         return stats
+
+
+def _guess(tag: str, depth: int) -> float | None:
+    """The acceptance a (tag, depth) is guessed at before it is measured: the tag's own estimate
+    (:func:`tag_guess`), else a coin flip at depth 1; ``None`` deeper (the level above is used)."""
+    guess = tag_guess(tag)
+    return guess if guess is not None else (0.5 if depth <= 1 else None)
 
 
 def _calibrate(counter: Counter, source: str, predicted: float, accepted: bool) -> None:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from lookahead_core.drafts import (
-    MATCH_CAP, DraftStats, NGramSource, Proposer, RecycleSource, StepOutcome, SuffixSource, best_size,
+    MATCH_CAP, SCALE_TRIES, DraftStats, NGramSource, Proposer, RecycleSource, StepOutcome, SuffixSource, best_size,
     match_length,
 )
 from lookahead_core.layout import Draft, build_tree
@@ -82,7 +82,28 @@ def test_a_tags_own_estimate_is_its_rate_until_measured():
     stats = DraftStats()
     assert stats.rate("recycle:p8", 1) == 0.85 and stats.rate("recycle:p8", 4) == 0.85 and stats.rate("pool:h1", 1) == 0.5
     stats.record(build_tree([Draft((1,), ("recycle:p8",))]), [])           # tried once, rejected
-    assert stats.rate("recycle:p8", 1) == (0 + 2 * 0.85) / 3
+    scale = (0 + SCALE_TRIES) / (0.85 + SCALE_TRIES)                     # the source's guesses: 0 of 0.85
+    assert stats.scale("recycle") == pytest.approx(scale) and stats.scale("suffix") == 1.0
+    assert stats.rate("recycle:p8", 1) == pytest.approx((0 + 2 * 0.85 * scale) / 3)
+    assert stats.rate("recycle:p8", 1, scaled=False) == pytest.approx((0 + 2 * 0.85) / 3)
+    stats.record(build_tree([Draft((1, 2), ("suffix:4:c1",) * 2)]), [0, 1])   # depth 2 has no guess of its own
+    assert stats.guesses["suffix", "guessed"] == 0.5 and stats.guesses["suffix", "accepted"] == 1
+
+
+def test_a_source_whose_guesses_are_too_hopeful_has_them_shrunk():
+    """Recycled successors at p ~ 0.55 accepted a third of the time (as on SmolLM2 HumanEval): the
+    source's scale falls toward 1/3 and its unseen classes start lower; a calibrated source's
+    scale stays near 1; measured rates are not scaled, only guesses."""
+    stats = DraftStats()
+    for step in range(300):
+        tree = build_tree([Draft((1,), ("recycle:p5",)), Draft((2,), (f"suffix:8:c{1 + step % 3}",))])
+        stats.record(tree, [0] if step % 3 == 0 else [1])                  # recycle 1/3, suffix 2/3 accepted
+    assert stats.scale("recycle") == pytest.approx((100 + SCALE_TRIES) / (300 * 0.55 + SCALE_TRIES))   # 0.65
+    assert stats.scale("suffix") == pytest.approx((200 + SCALE_TRIES) / (300 * 0.5 + SCALE_TRIES))     # 1.29
+    assert stats.rate("recycle:p9", 1) == pytest.approx(0.95 * stats.scale("recycle"))      # an unseen decile
+    assert stats.rate("recycle:p5", 1) == pytest.approx((100 + 2 * 0.55 * stats.scale("recycle")) / 302)
+    later = DraftStats(prior=stats.learnt())                             # a later decode keeps the scale
+    assert later.scale("recycle") == pytest.approx(stats.scale("recycle"))
 
 
 def test_ngram_source_tags_window_and_text_grams_with_their_hits():
@@ -108,10 +129,14 @@ def test_reliability_bins_each_tried_node_by_the_estimate_it_was_fed_under():
     assert stats.reliability() == [
         {"source": "recycle", "bin": 8, "tried": 2, "predicted": 0.85, "observed": 1.0},
         {"source": "suffix", "bin": 5, "tried": 1, "predicted": 0.5, "observed": 0.0}]
-    stats.record(tree, [])                # now: node 0 at (1 + 2 * 0.85) / 3 = 0.9, rejected; node 1 untried
+    stats.record(tree, [])                # now: node 0 at (1 + 2 * 0.85 * scale) / 3, rejected; node 1 untried
     rows = {(r["source"], r["bin"]): r for r in stats.reliability()}
-    assert rows["recycle", 9] == {"source": "recycle", "bin": 9, "tried": 1, "predicted": 0.9, "observed": 0.0}
-    assert rows["suffix", 3]["predicted"] == (0 + 2 * 0.5) / 3 and rows["suffix", 3]["tried"] == 1
+    scale = (2 + SCALE_TRIES) / (2 * 0.85 + SCALE_TRIES)                 # both p8 nodes were accepted
+    assert rows["recycle", 9] == {"source": "recycle", "bin": 9, "tried": 1,
+                                  "predicted": pytest.approx((1 + 2 * 0.85 * scale) / 3), "observed": 0.0}
+    suffix_scale = SCALE_TRIES / (0.5 + SCALE_TRIES)                      # its one coin flip, rejected
+    assert rows["suffix", 3]["predicted"] == pytest.approx((0 + 2 * 0.5 * suffix_scale) / 3)
+    assert rows["suffix", 3]["tried"] == 1
     merged = DraftStats()
     merged.merge(stats), merged.merge(stats)
     assert sum(r["tried"] for r in merged.reliability()) == 2 * sum(r["tried"] for r in stats.reliability())
@@ -139,8 +164,10 @@ def test_an_unseen_depth_takes_the_rate_one_level_up_so_a_cost_aware_budget_reac
     copy = build_tree([Draft((1, 2), ("suffix:16",) * 2)])
     for _ in range(8):
         stats.record(copy, [0, 1])                    # 2-deep copies, always accepted
-    assert stats.rate("suffix:16", 1) == 9 / 10
-    assert stats.rate("suffix:16", 2) == (8 + 2 * 0.9) / 10
+    scale = (8 + SCALE_TRIES) / (8 * 0.5 + SCALE_TRIES)                  # its coin flips did better than 0.5
+    assert stats.scale("suffix") == pytest.approx(scale)
+    assert stats.rate("suffix:16", 1) == pytest.approx((8 + 2 * 0.5 * scale) / 10)
+    assert stats.rate("suffix:16", 2) == pytest.approx((8 + 2 * stats.rate("suffix:16", 1)) / 10)
     assert stats.rate("suffix:16", 9) == stats.rate("suffix:16", 2)     # never fed that deep: the guess
     assert stats.rate("other", 3) == 0.5                                  # unseen tag: coin flips
     # A 9-deep draft against a curve where a 10-token step costs 2 one-token steps: with the old flat
@@ -162,7 +189,8 @@ def test_a_learnt_prior_takes_over_where_it_has_tried_and_the_guesses_elsewhere(
         learnt.record(copy, [0, 1, 2])                      # 3-deep copies, always accepted
     learnt.record(copy, [])                                 # and one rejected at depth 1
     stats = DraftStats(prior=learnt)
-    assert stats.rate("suffix:8", 1) == learnt.rate("suffix:8", 1) == (18 + 1.0) / 21
+    flip = 0.5 * learnt.scale("suffix")                                  # 18 of 19 coin flips accepted
+    assert stats.rate("suffix:8", 1) == learnt.rate("suffix:8", 1) == pytest.approx((18 + 2 * flip) / 21)
     assert stats.rate("suffix:8", 3) == learnt.rate("suffix:8", 3) == (18 + 2 * learnt.rate("suffix:8", 2)) / 20
     assert stats.rate("suffix:8", 5) == stats.rate("suffix:8", 3)      # never tried that deep: the level above
     assert stats.rate("pool", 1) == 0.5 and stats.rate("pool", 2) == 0.5    # nothing learnt: coin flips
