@@ -270,7 +270,7 @@ def test_auto_learns_acceptance_online_and_a_second_job_reuses_curve_pick_and_ac
     assert chosen == [None] and json.loads(path.with_suffix(".auto.json").read_text())["chosen"] == record["chosen"]
 
     priors.clear()                                               # another job: nothing calibrated again
-    other = run(tmp_path / "other", *overrides, "dataset.offset=5", "dataset.limit=1", "decoding.calibration_offset=2",
+    other = run(tmp_path / "other", *overrides, "dataset.offset=3", "dataset.limit=1", "decoding.calibration_offset=2",
                 base=TINY_MODEL)
     reused = json.loads(other.with_suffix(".auto.json").read_text())
     assert chosen == [None] and reused["reused_from"] and reused["latency_provenance"]["reused"]
