@@ -8,7 +8,7 @@ impossible value fails with a ``ValueError`` naming the field, before any model 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from . import sources as _sources
 
@@ -164,6 +164,12 @@ def linear_twin(config: LookaheadConfig) -> LookaheadConfig:
     """The paper's linear branches at ``config``'s (N, W, G) and pool: only the linear fields, every
     other field (sources, budget, costs, ...) at its default."""
     return LookaheadConfig(**{name: getattr(config, name) for name in LINEAR_FIELDS})
+
+
+def config_fields(config: LookaheadConfig | None) -> dict | None:
+    """Every field of ``config`` but the seed (``None`` for greedy): what a record or a result row
+    stores, and what ``LookaheadConfig(**fields, seed=...)`` rebuilds."""
+    return None if config is None else {f.name: getattr(config, f.name) for f in fields(config) if f.name != "seed"}
 
 
 def config_label(config: LookaheadConfig | None) -> str:

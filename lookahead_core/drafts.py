@@ -233,8 +233,8 @@ class RecycleSource:
         probs = outcome.row_topk_probs
         deciles = (probs * 10).clamp(max=9).int().tolist() if probs is not None else None
         for r, (token, successors) in enumerate(zip(outcome.row_tokens, outcome.row_topk.tolist())):
-            ranks = deciles[r] if deciles is not None else [5] * len(successors)
-            self.successors[token] = list(zip(successors, ranks))
+            row_deciles = deciles[r] if deciles is not None else [5] * len(successors)
+            self.successors[token] = list(zip(successors, row_deciles))
 
 
 def tag_guess(tag: str) -> float | None:

@@ -36,7 +36,7 @@ from tqdm import tqdm
 
 from lookahead_core import cost as cm
 from lookahead_core import decode
-from lookahead_core.config import DecodeLimits, LookaheadConfig, SamplingConfig, config_label
+from lookahead_core.config import DecodeLimits, LookaheadConfig, SamplingConfig, config_fields, config_label
 from lookahead_core.drafts import DraftStats
 
 CACHE_FORMAT = 1           # bump when what a cached file means changes (its tags, its fields)
@@ -92,7 +92,7 @@ def calibrate(
     record = {
         "chosen": config_label(chosen),
         # Every field but the seed, which the run that uses the pick supplies.
-        "chosen_config": None if chosen is None else {k: v for k, v in asdict(chosen).items() if k != "seed"},
+        "chosen_config": config_fields(chosen),
         "calibrated_at": _now(),
         "calibration_prompts": len(prompts),
         "calibration_tokens": limits.max_new_tokens,
@@ -192,7 +192,7 @@ def online(model, prompt: list[int], limits: DecodeLimits, path: Path, cost_mode
     record = {
         "protocol": "online",
         "chosen": config_label(chosen),
-        "chosen_config": None if chosen is None else {k: v for k, v in asdict(chosen).items() if k != "seed"},
+        "chosen_config": config_fields(chosen),
         "calibrated_at": _now(), "calibration_prompts": 1, "calibration_tokens": short.max_new_tokens,
         "calibration_seconds": time.perf_counter() - started,
         "latency": curve.to_rows(), "candidates": [], "draft_prior": None,
@@ -240,7 +240,7 @@ def calibrate_batch(model, prompts: list[list[int]], limits: DecodeLimits, path:
     chosen = calibration[pick][0] if pick != "greedy" else None
     record = {**record, "batch": {
         "batch_size": batch, "chosen": pick, "predicted": predicted,
-        "chosen_config": None if chosen is None else {k: v for k, v in asdict(chosen).items() if k != "seed"},
+        "chosen_config": config_fields(chosen),
         "latency": [row for c in costs.values() for row in c.to_rows()],
     }}
     record["markdown"] += (f"\n\nFor batches of {batch}: **{pick}** (predicted speedup over batched greedy: "

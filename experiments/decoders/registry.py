@@ -30,7 +30,7 @@ from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Optional
 
-from lookahead_core.config import LINEAR_FIELDS, DecodeLimits, LookaheadConfig, SamplingConfig, config_label
+from lookahead_core.config import LINEAR_FIELDS, DecodeLimits, LookaheadConfig, SamplingConfig, config_fields, config_label
 
 DECODERS: dict[str, type[Decoder]] = {}
 
@@ -169,6 +169,7 @@ class CoreDecoder(Decoder):
 
     Params = _core_params()
     batched = True
+    prior = None                 # draft acceptance (DraftStats) a conversation's first turn starts from
 
     def __init__(self, name: str, params: Any, seed: int = 0) -> None:
         super().__init__(name, params, seed)
@@ -202,20 +203,23 @@ class CoreDecoder(Decoder):
         return self.name if self.config is None else config_label(self.config)
 
     def columns(self) -> dict[str, Any]:
-        plain = None if self.config is None else {k: v for k, v in dataclasses.asdict(self.config).items()
-                                                  if k != "seed"}
-        return {**core_columns(self.config), "params": json.dumps(plain, sort_keys=True, default=str)}
+        return {**core_columns(self.config),
+                "params": json.dumps(config_fields(self.config), sort_keys=True, default=str)}
 
     def generate(self, job, ids, state, limits, sampling) -> Generation:
-        from lookahead_core import decode
+        """A conversation's first turn starts from ``prior`` (if any); later turns carry their own
+        acceptance on (``DecodeState.drafts``)."""
+        from lookahead_core import DecodeState, decode
 
+        if state is None and self.prior is not None:
+            state = DecodeState(cache=None, cached_tokens=[], drafts=self.prior)
         out = decode(job.lm, ids, self.config, limits, sampling, state=state, tokenizer=job.tokenizer)
         return Generation(out.tokens, out.state, out.stats)
 
     def generate_batch(self, job, prompts, limits, sampling) -> list[Generation]:
         from lookahead_core import decode_batch
 
-        outs = decode_batch(job.lm, prompts, self.config, limits, sampling, tokenizer=job.tokenizer)
+        outs = decode_batch(job.lm, prompts, self.config, limits, sampling, tokenizer=job.tokenizer, prior=self.prior)
         return [Generation(out.tokens, None, out.stats) for out in outs]
 
 
@@ -264,21 +268,6 @@ class AutoDecoder(CoreDecoder):
 
     def tag(self) -> str:
         return self.name
-
-    def generate(self, job, ids, state, limits, sampling) -> Generation:
-        """A conversation's first turn starts from the acceptance measured so far; later turns carry
-        their own on (``DecodeState.drafts``)."""
-        if state is None and self.prior is not None:
-            from lookahead_core import DecodeState
-
-            state = DecodeState(cache=None, cached_tokens=[], drafts=self.prior)
-        return super().generate(job, ids, state, limits, sampling)
-
-    def generate_batch(self, job, prompts, limits, sampling) -> list[Generation]:
-        from lookahead_core import decode_batch
-
-        outs = decode_batch(job.lm, prompts, self.config, limits, sampling, tokenizer=job.tokenizer, prior=self.prior)
-        return [Generation(out.tokens, None, out.stats) for out in outs]
 
     def learn(self, generation: Generation) -> None:
         """The turn's draft acceptance joins the prior of the next first turn, and the store."""

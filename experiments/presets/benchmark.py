@@ -52,7 +52,7 @@ from experiments.reporting.drafts import draft_acceptance, draft_reliability, pl
 from experiments.reporting.tables import cell, markdown
 from experiments.data.datasets import repo_root
 from experiments.config.schema import register_configs
-from lookahead_core.config import LookaheadConfig, config_label, linear_twin
+from lookahead_core.config import LookaheadConfig, config_fields, config_label, linear_twin
 
 HF_GREEDY, CORE_GREEDY = "hf_greedy", "core_greedy"
 PAIR = ["dataset", "item_id"]
@@ -108,7 +108,7 @@ def parse_core(text: str) -> LookaheadConfig:
 
 def core_entry(config: LookaheadConfig) -> dict[str, Any]:
     """A ``decoders`` entry running exactly ``config`` (every field), named by its one name."""
-    fields = {k: v for k, v in dataclasses.asdict(config).items() if k != "seed"}
+    fields = config_fields(config)
     fields["sources"] = dict(config.sources)
     return {"use": "lookahead", "name": config_label(config), **fields}
 

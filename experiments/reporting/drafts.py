@@ -11,18 +11,22 @@ from pathlib import Path
 import pandas as pd
 
 
+def _summed(df: pd.DataFrame, column: str, key: str, counts) -> dict[tuple[str, str, int], Counter]:
+    """Per (decoder, source, ``key``) of the rows' JSON ``column``: ``counts(entry)`` summed over rows."""
+    totals: dict[tuple[str, str, int], Counter] = {}
+    records = df[column] if column in df else pd.Series(dtype=object)
+    for decoder, record in zip(df["decoder"], records):
+        if isinstance(record, str) and record:
+            for r in json.loads(record):
+                totals.setdefault((decoder, r["source"], int(r[key])), Counter()).update(counts(r))
+    return totals
+
+
 def draft_acceptance(df: pd.DataFrame) -> pd.DataFrame:
     """Per core decoder, draft source and depth: nodes fed, tried (the walk reached their parent)
     and accepted, summed over prompts, and acceptance = accepted / tried (the rows'
     ``draft_acceptance``: ``DraftStats.table()`` as JSON)."""
-    totals: dict[tuple[str, str, int], Counter] = {}
-    column = df["draft_acceptance"] if "draft_acceptance" in df else pd.Series(dtype=object)
-    for decoder, record in zip(df["decoder"], column):
-        if not isinstance(record, str) or not record:
-            continue
-        for r in json.loads(record):
-            totals.setdefault((decoder, r["source"], int(r["depth"])), Counter()).update(
-                {k: r[k] for k in ("fed", "tried", "accepted")})
+    totals = _summed(df, "draft_acceptance", "depth", lambda r: {k: r[k] for k in ("fed", "tried", "accepted")})
     return pd.DataFrame([{"decoder": d, "source": s, "depth": k, **c,
                           "acceptance": c["accepted"] / c["tried"] if c["tried"] else None}
                          for (d, s, k), c in totals.items()])
@@ -32,14 +36,8 @@ def draft_reliability(df: pd.DataFrame) -> pd.DataFrame:
     """Per core decoder, draft source and decile of the estimate a tried node was fed under: nodes
     tried, their mean estimate (predicted) and the share accepted (observed), summed over prompts
     (the rows' ``draft_reliability``: ``DraftStats.reliability()`` as JSON)."""
-    totals: dict[tuple[str, str, int], Counter] = {}
-    column = df["draft_reliability"] if "draft_reliability" in df else pd.Series(dtype=object)
-    for decoder, record in zip(df["decoder"], column):
-        if not isinstance(record, str) or not record:
-            continue
-        for r in json.loads(record):
-            totals.setdefault((decoder, r["source"], int(r["bin"])), Counter()).update(
-                {"tried": r["tried"], "predicted": r["predicted"] * r["tried"], "accepted": r["observed"] * r["tried"]})
+    totals = _summed(df, "draft_reliability", "bin", lambda r: {
+        "tried": r["tried"], "predicted": r["predicted"] * r["tried"], "accepted": r["observed"] * r["tried"]})
     return pd.DataFrame([{"decoder": d, "source": s, "bin": b, "tried": c["tried"],
                           "predicted": c["predicted"] / c["tried"], "observed": c["accepted"] / c["tried"]}
                          for (d, s, b), c in sorted(totals.items()) if c["tried"]])

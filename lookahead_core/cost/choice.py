@@ -12,11 +12,11 @@ import json
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
-from ..config import DecodeLimits, LookaheadConfig, SamplingConfig, config_label
+from ..config import DecodeLimits, LookaheadConfig, SamplingConfig, config_fields, config_label
 from ..decoder import DecodeState, DecodeStats, decode
 from ..drafts import DraftStats
 from ..model_io import CausalLM
@@ -63,7 +63,7 @@ class Calibration:
             "host_ms_per_step": 1e3 * self.host_seconds, "decode_seconds": self.decode_seconds,
             "predicted_speedup": self.predicted, "calibration_measured_speedup": self.measured,
             # Every field but the seed (step costs included): what decodes as this row's config.
-            "params": None if config is None else json.dumps({k: v for k, v in asdict(config).items() if k != "seed"}),
+            "params": None if config is None else json.dumps(config_fields(config)),
         }
 
 
