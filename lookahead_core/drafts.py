@@ -54,7 +54,7 @@ SUFFIX_CONTEXT = 4          # the longest context suffix SuffixSource looks up i
 MATCH_CAP = 32              # how far back a found match is measured (its tag's bucket)
 LOOKUPS = 32                # occurrences of one key measured per step, most recent first
 PRIOR_TRIES = 2             # the weight, in tries, of a (tag, depth)'s prior acceptance
-SCALE_TRIES = 20            # the weight, in nodes, of a source's guesses being right (DraftStats.scale)
+RECALIBRATION_TRIES = 5     # the weight, in nodes, of "estimates are right" in DraftStats.corrected
 
 
 @dataclass(frozen=True)
@@ -276,12 +276,29 @@ def base_source(tag: str) -> str:
 @dataclass
 class DraftStats:
     """Per (tag, depth): nodes fed, nodes tried (their parent was accepted, so the walk looked at
-    them) and nodes accepted. ``rate`` = accepted / tried, smoothed toward a prior worth
-    ``PRIOR_TRIES`` tries: the ``prior``'s rate where it has tried the (tag, depth), else the
-    tag's own estimate (:func:`tag_guess`) where it has one, else a coin flip at depth 1 and
-    deeper the same tag's rate one level up.
+    them) and nodes accepted; a node's estimate is made of three parts.
 
-    ``prior``: what other decodes measured (``decoding=auto``'s calibration, a conversation's earlier
+    1. **Its class's rate.** A node's class is a tag with the other sources that proposed the same
+       node (:func:`node_class`: ``pool:h1|alone``, ``pool:h1|recycle+suffix``), because agreement
+       is evidence: on SmolLM2 HumanEval a pool n-gram no other source proposes is accepted at
+       0.06, one a suffix match or a recycled successor also proposes at 0.22, and counting both
+       under ``pool:h1`` prices the first at the second's rate. ``rate`` = accepted / tried,
+       smoothed toward a prior worth ``PRIOR_TRIES`` tries: the ``prior``'s rate where it has tried
+       the class, else the tag's (all nodes of the tag, whatever proposed them beside), whose own
+       prior is the ``prior``'s, else the tag's own estimate (:func:`tag_guess`), else a coin flip
+       at depth 1 and deeper the same tag's rate one level up.
+    2. **The best of its tags**: the class rates of a node's tags differ (a suffix match's class
+       knows the copy is running), and the node takes the highest, after 3.
+    3. **Recalibration.** A per-class rate is a noisy estimate, and the cut feeds the nodes whose
+       estimate is high: the fed ones are over-rated on average (the winner's curse; before this
+       step pool n-grams were fed at 0.36 and accepted at 0.18). So every tried node's raw
+       estimate is binned by decile against its outcome, per source (``calibration``), and the
+       estimate the cut uses is the raw one times its bin's accepted / predicted ratio, toward 1
+       with ``RECALIBRATION_TRIES`` pseudo-nodes (:meth:`corrected`; histogram binning, learnt as
+       the decode goes, from earlier steps only). ``reliability`` bins the corrected estimates
+       against the outcomes: the diagram a user checks.
+
+    ``prior``: what other decodes measured (``decoding=auto``'s store, a conversation's earlier
     turns; ``DecodeState.drafts``). Without it a decode starts from the guesses, and a budget that
     feeds only the nodes that pay (``step_costs``) may never feed, so never measure, a node the
     guesses undervalue: on a device where a 4-token step costs 1.9 single steps, one suffix match
@@ -291,53 +308,50 @@ class DraftStats:
     0.83, 0.90, 0.96, 0.99, so the level above is a cautious guess)."""
 
     fed: Counter = field(default_factory=Counter)
-    tried: Counter = field(default_factory=Counter)
+    tried: Counter = field(default_factory=Counter)        # per (tag or node class, depth)
     accepted: Counter = field(default_factory=Counter)
     prior: DraftStats | None = field(default=None, repr=False, compare=False)
-    # What the estimates said against what happened, per (source, decile of the predicted rate):
-    # each tried node's predicted acceptance given its parent, and whether it was accepted.
+    # Per (source, decile of the estimate): tried nodes, accepted ones, the estimates' sum; for the
+    # raw estimates (``calibration``, what ``corrected`` learns from) and the used ones (``reliability``).
     calibration: Counter = field(default_factory=Counter, repr=False, compare=False)
-    # Per source: the guesses its tried nodes had (where they had one) and how many were accepted.
-    guesses: Counter = field(default_factory=Counter, repr=False, compare=False)
+    reliability_counts: Counter = field(default_factory=Counter, repr=False, compare=False)
     _rates: dict = field(default_factory=dict, repr=False, compare=False)
-    _scales: dict = field(default_factory=dict, repr=False, compare=False)
 
-    def rate(self, tag: str, depth: int, scaled: bool = True) -> float:
-        """The smoothed acceptance of (tag, depth) given the parent; its guess part (a tag's own
-        estimate, or the coin flip at depth 1) times the source's :meth:`scale` unless ``scaled``
-        is false (what the reliability record compares the outcomes with)."""
-        key = (tag, depth, scaled)
+    def rate(self, tag: str, depth: int) -> float:
+        """The smoothed acceptance of a tag or a node class (:func:`node_class`) at ``depth``,
+        given the parent: part 1 above."""
+        key = (tag, depth)
         if key not in self._rates:
-            counts = (tag, depth)
-            guess = _guess(tag, depth)
-            if self.prior is not None and self.prior.tried[counts]:
-                prior = self.prior.rate(tag, depth, scaled)
+            plain, _, _ = tag.partition("|")
+            guess = _guess(plain, depth)
+            if self.prior is not None and self.prior.tried[key]:
+                prior = self.prior.rate(tag, depth)
+            elif plain != tag:                        # an unseen class: its tag's rate
+                prior = self.rate(plain, depth)
             elif guess is not None:                   # the node's own estimate, or a coin flip, until measured
-                prior = min(1.0, guess * (self.scale(base_source(tag)) if scaled else 1.0))
+                prior = guess
             else:
-                prior = self.rate(tag, depth - 1, scaled)
-            self._rates[key] = (self.accepted[counts] + PRIOR_TRIES * prior) / (self.tried[counts] + PRIOR_TRIES)
+                prior = self.rate(tag, depth - 1)
+            self._rates[key] = (self.accepted[key] + PRIOR_TRIES * prior) / (self.tried[key] + PRIOR_TRIES)
         return self._rates[key]
 
-    def scale(self, source: str) -> float:
-        """How the source's guesses have fared: its tried nodes' accepted count over the sum of the
-        guesses they had (a tag's own estimate, or the coin flip at depth 1), this decode's and the
-        prior's, toward 1 with ``SCALE_TRIES`` pseudo-nodes. Guesses the reliability record shows
-        to be too hopeful (recycled successors' softmax probabilities, a coin flip for a pool
-        n-gram) shrink by it before their classes are measured; calibrated ones keep about 1."""
-        if source not in self._scales:
-            accepted = guessed = 0.0
-            for stats in (self, self.prior):
-                if stats is not None:
-                    accepted += stats.guesses[source, "accepted"]
-                    guessed += stats.guesses[source, "guessed"]
-            self._scales[source] = min(max((accepted + SCALE_TRIES) / (guessed + SCALE_TRIES), 0.1), 2.0)
-        return self._scales[source]
+    def corrected(self, source: str, raw: float) -> float:
+        """``raw`` times the accepted / predicted ratio of its decile among the source's tried nodes
+        (this decode's and the prior's), toward 1 with ``RECALIBRATION_TRIES`` pseudo-nodes: part 3."""
+        bin_ = _bin(raw)
+        accepted = predicted = 0.0
+        for stats in (self, self.prior):
+            if stats is not None:
+                accepted += stats.calibration[source, bin_, "accepted"]
+                predicted += stats.calibration[source, bin_, "predicted"]
+        if not predicted:
+            return raw
+        return min(1.0, raw * (accepted + RECALIBRATION_TRIES) / (predicted + RECALIBRATION_TRIES))
 
     def estimate(self, tags: Sequence[str], depth: int) -> tuple[float, str]:
-        """A node's estimated acceptance given its parent (the best of its tags' rates) and the tag
-        it comes from: what ``Proposer.scores`` multiplies along the path."""
-        return max((self.rate(tag, depth), tag) for tag in tags)
+        """A node's estimated acceptance given its parent (the best of its tags' corrected class
+        rates) and the tag it comes from: what ``Proposer.scores`` multiplies along the path."""
+        return max((self.corrected(base_source(tag), self.rate(node_class(tag, tags), depth)), tag) for tag in tags)
 
     def learnt(self) -> DraftStats:
         """The prior's counts plus these, as one prior for the next decode (no prior of its own)."""
@@ -348,41 +362,47 @@ class DraftStats:
         return out
 
     def record(self, tree: DraftTree, path: Sequence[int]) -> None:
-        """Count a verified step: every node fed, those tried, those accepted; and, per tried node,
-        the estimate it was fed under (before this step's counts) against the outcome."""
+        """Count a verified step: every node fed, those tried, those accepted, per tag and per node
+        class; and, per tried node, the raw and the corrected estimate it was fed under (before
+        this step's counts) against the outcome."""
         on_path = set(path)
         reached = on_path | {-1}
+        outcomes = []                                 # every estimate first, then the counts
         for node, (tags, parent, depth) in enumerate(zip(tree.tags, tree.parents, tree.depths)):
             if parent in reached:
-                predicted, tag = self.estimate(tags, depth)
-                _calibrate(self.calibration, base_source(tag), predicted, node in on_path)
-                guess = _guess(tag, depth)
-                if guess is not None:
-                    self.guesses[base_source(tag), "guessed"] += guess
-                    self.guesses[base_source(tag), "accepted"] += node in on_path
+                used, tag = self.estimate(tags, depth)
+                outcomes.append((base_source(tag), self.rate(node_class(tag, tags), depth), used, node in on_path))
+        for source, raw, used, accepted in outcomes:
+            _calibrate(self.calibration, source, raw, accepted)
+            _calibrate(self.reliability_counts, source, used, accepted)
         for node, (tags, parent, depth) in enumerate(zip(tree.tags, tree.parents, tree.depths)):
             for tag in tags:
                 self.fed[tag, depth] += 1
-                if parent in reached:
-                    self.tried[tag, depth] += 1
-                    self.accepted[tag, depth] += node in on_path
-        self._rates.clear(), self._scales.clear()
+            if parent in reached:
+                for key in {*tags, *(node_class(tag, tags) for tag in tags)}:
+                    self.tried[key, depth] += 1
+                    self.accepted[key, depth] += node in on_path
+        self._rates.clear()
 
     def merge(self, other: DraftStats) -> None:
         self.fed.update(other.fed), self.tried.update(other.tried), self.accepted.update(other.accepted)
-        self.calibration.update(other.calibration), self.guesses.update(other.guesses)
-        self._rates.clear(), self._scales.clear()
+        self.calibration.update(other.calibration), self.reliability_counts.update(other.reliability_counts)
+        self._rates.clear()
 
-    def reliability(self) -> list[dict]:
+    def reliability(self, raw: bool = False) -> list[dict]:
         """Rows (source, bin, tried, predicted = mean estimate, observed = accepted / tried) per
-        decile of the estimate: a reliability diagram's points (:func:`reliability_table`)."""
-        return _reliability_rows(self.calibration)
+        decile of the estimate the cut used (``raw``: of the class rates before recalibration): a
+        reliability diagram's points (:func:`reliability_table`)."""
+        return _reliability_rows(self.calibration if raw else self.reliability_counts)
 
     def table(self, by_source: bool = True) -> list[dict]:
-        """Rows (source, depth, fed, tried, accepted, acceptance = accepted / tried)."""
+        """Rows (source, depth, fed, tried, accepted, acceptance = accepted / tried) per source, or
+        per tag and node class (``by_source=False``, what ``from_table`` reads back)."""
         rows: dict[tuple[str, int], Counter] = {}
         for counter, name in ((self.fed, "fed"), (self.tried, "tried"), (self.accepted, "accepted")):
             for (tag, depth), n in counter.items():
+                if by_source and "|" in tag:          # a node class: its nodes are its tag's too
+                    continue
                 key = (base_source(tag) if by_source else tag, depth)
                 rows.setdefault(key, Counter())[name] += n
         return [{"source": s, "depth": d, "fed": c["fed"], "tried": c["tried"], "accepted": c["accepted"],
@@ -390,13 +410,33 @@ class DraftStats:
                 for (s, d), c in sorted(rows.items())]
 
     @classmethod
-    def from_table(cls, rows: Sequence[dict]) -> DraftStats:
-        """The counts of ``table(by_source=False)``'s rows (e.g. saved in a calibration record)."""
+    def from_table(cls, rows: Sequence[dict], calibration: Sequence[Sequence] = ()) -> DraftStats:
+        """The counts of ``table(by_source=False)``'s rows and the ``calibration`` counter's items
+        as ``[source, bin, kind, value]`` (``calibration_items``), e.g. from a saved record."""
         stats = cls()
         for row in rows:
             key = (row["source"], int(row["depth"]))
-            stats.fed[key], stats.tried[key], stats.accepted[key] = (int(row[k]) for k in ("fed", "tried", "accepted"))
+            for name in ("fed", "tried", "accepted"):
+                if row[name]:
+                    getattr(stats, name)[key] = int(row[name])
+        for source, bin_, kind, value in calibration:
+            stats.calibration[source, int(bin_), kind] = value
         return stats
+
+    def calibration_items(self) -> list[list]:
+        """The recalibration counter as JSON-able ``[source, bin, kind, value]`` rows."""
+        return [[source, bin_, kind, value] for (source, bin_, kind), value in sorted(self.calibration.items())]
+
+
+def node_class(tag: str, tags: Sequence[str]) -> str:
+    """A node's class as one of its tags sees it: the tag, ``|``, the other sources that proposed
+    the node (``alone`` if none).
+
+    >>> node_class("pool:h1", ("pool:h1",)), node_class("pool:h1", ("suffix:4:c1", "pool:h1", "recycle:p3"))
+    ('pool:h1|alone', 'pool:h1|recycle+suffix')
+    """
+    own = base_source(tag)
+    return f"{tag}|{'+'.join(sorted({base_source(t) for t in tags} - {own})) or 'alone'}"
 
 
 def _guess(tag: str, depth: int) -> float | None:
@@ -406,8 +446,12 @@ def _guess(tag: str, depth: int) -> float | None:
     return guess if guess is not None else (0.5 if depth <= 1 else None)
 
 
+def _bin(predicted: float) -> int:
+    return min(int(predicted * 10), 9)
+
+
 def _calibrate(counter: Counter, source: str, predicted: float, accepted: bool) -> None:
-    bin_ = min(int(predicted * 10), 9)
+    bin_ = _bin(predicted)
     counter[source, bin_, "tried"] += 1
     counter[source, bin_, "accepted"] += bool(accepted)
     counter[source, bin_, "predicted"] += predicted

@@ -16,7 +16,6 @@ from experiments.decoders import autotune
 from experiments.models.loader import tiny_random_model
 from lookahead_core import CausalLM, DraftStats, LookaheadConfig
 from lookahead_core.cost import CostModel
-from lookahead_core.drafts import SCALE_TRIES
 
 KEY = autotune.CurveKey("smollm2_135m", "float32", "cpu:Some CPU", 1, "sdpa", 1, 256)
 
@@ -80,7 +79,7 @@ def test_the_key_of_a_loaded_model_names_its_dtype_chip_threads_and_bucket() -> 
 def test_acceptance_is_stored_per_model_dataset_and_mode(tmp_path: Path) -> None:
     stats = DraftStats()
     stats.fed["suffix:4", 1], stats.tried["suffix:4", 1], stats.accepted["suffix:4", 1] = 9, 8, 6
-    stats.guesses["recycle", "guessed"], stats.guesses["recycle", "accepted"] = 30.0, 10
+    stats.calibration["recycle", 4, "predicted"], stats.calibration["recycle", 4, "accepted"] = 30.0, 10
     store = autotune.AcceptanceStore(tmp_path, "smollm2_135m", "humaneval", "greedy")
     assert store.load() is None
     store.add(stats, decodes=3)
@@ -89,7 +88,7 @@ def test_acceptance_is_stored_per_model_dataset_and_mode(tmp_path: Path) -> None
     again = autotune.AcceptanceStore(tmp_path, "smollm2_135m", "humaneval", "greedy")
     total = again.load()
     assert total.tried == stats.tried + stats.tried and total.accepted["suffix:4", 1] == 12 and again.decodes == 4
-    assert total.scale("recycle") == pytest.approx((20 + SCALE_TRIES) / (60 + SCALE_TRIES))   # the guesses' record kept
+    assert total.corrected("recycle", 0.45) == pytest.approx(0.45 * (20 + 5) / (60 + 5))   # the recalibration kept
     for other in (("smollm2_135m", "mbpp", "greedy"), ("qwen25_coder_05b", "humaneval", "greedy"),
                   ("smollm2_135m", "humaneval", autotune.sampling_mode(_sampling(0.7)))):
         assert autotune.AcceptanceStore(tmp_path, *other).load() is None

@@ -1,13 +1,12 @@
 """Draft sources, acceptance bookkeeping and the budgeted proposer, on hand-made token lists."""
 
 import dataclasses
-from collections import Counter
 
 import pytest
 import torch
 
 from lookahead_core.drafts import (
-    MATCH_CAP, SCALE_TRIES, DraftStats, NGramSource, Proposer, RecycleSource, StepOutcome, SuffixSource, best_size,
+    MATCH_CAP, RECALIBRATION_TRIES, DraftStats, NGramSource, Proposer, RecycleSource, StepOutcome, SuffixSource, best_size,
     match_length,
 )
 from lookahead_core.layout import Draft, build_tree
@@ -81,29 +80,59 @@ def test_a_tags_own_estimate_is_its_rate_until_measured():
         0.05, 0.95, None, None, None]
     stats = DraftStats()
     assert stats.rate("recycle:p8", 1) == 0.85 and stats.rate("recycle:p8", 4) == 0.85 and stats.rate("pool:h1", 1) == 0.5
+    assert stats.rate("recycle:p8|alone", 1) == 0.85                      # an unseen class: its tag's rate
     stats.record(build_tree([Draft((1,), ("recycle:p8",))]), [])           # tried once, rejected
-    scale = (0 + SCALE_TRIES) / (0.85 + SCALE_TRIES)                     # the source's guesses: 0 of 0.85
-    assert stats.scale("recycle") == pytest.approx(scale) and stats.scale("suffix") == 1.0
-    assert stats.rate("recycle:p8", 1) == pytest.approx((0 + 2 * 0.85 * scale) / 3)
-    assert stats.rate("recycle:p8", 1, scaled=False) == pytest.approx((0 + 2 * 0.85) / 3)
-    stats.record(build_tree([Draft((1, 2), ("suffix:4:c1",) * 2)]), [0, 1])   # depth 2 has no guess of its own
-    assert stats.guesses["suffix", "guessed"] == 0.5 and stats.guesses["suffix", "accepted"] == 1
+    tag_rate = (0 + 2 * 0.85) / 3
+    assert stats.rate("recycle:p8", 1) == pytest.approx(tag_rate)
+    assert stats.rate("recycle:p8|alone", 1) == pytest.approx((0 + 2 * tag_rate) / 3)
+    assert stats.rate("recycle:p8|suffix", 1) == pytest.approx(tag_rate)  # that class still unseen
 
 
-def test_a_source_whose_guesses_are_too_hopeful_has_them_shrunk():
-    """Recycled successors at p ~ 0.55 accepted a third of the time (as on SmolLM2 HumanEval): the
-    source's scale falls toward 1/3 and its unseen classes start lower; a calibrated source's
-    scale stays near 1; measured rates are not scaled, only guesses."""
+def test_a_node_other_sources_also_propose_is_its_own_class():
+    """Pool n-grams alone are rejected, those a suffix match also proposes accepted (as on SmolLM2
+    HumanEval, 0.06 against 0.22): the tag's rate mixes both, each class learns its own, and a
+    node is estimated by its class."""
+    from lookahead_core.drafts import node_class
+
     stats = DraftStats()
-    for step in range(300):
-        tree = build_tree([Draft((1,), ("recycle:p5",)), Draft((2,), (f"suffix:8:c{1 + step % 3}",))])
-        stats.record(tree, [0] if step % 3 == 0 else [1])                  # recycle 1/3, suffix 2/3 accepted
-    assert stats.scale("recycle") == pytest.approx((100 + SCALE_TRIES) / (300 * 0.55 + SCALE_TRIES))   # 0.65
-    assert stats.scale("suffix") == pytest.approx((200 + SCALE_TRIES) / (300 * 0.5 + SCALE_TRIES))     # 1.29
-    assert stats.rate("recycle:p9", 1) == pytest.approx(0.95 * stats.scale("recycle"))      # an unseen decile
-    assert stats.rate("recycle:p5", 1) == pytest.approx((100 + 2 * 0.55 * stats.scale("recycle")) / 302)
-    later = DraftStats(prior=stats.learnt())                             # a later decode keeps the scale
-    assert later.scale("recycle") == pytest.approx(stats.scale("recycle"))
+    for step in range(40):
+        if step % 2:
+            tree, path = build_tree([Draft((1,), ("pool:h1",))]), []
+        else:
+            tree, path = build_tree([Draft((1,), ("pool:h1",)), Draft((1,), ("suffix:1:c1",))]), [0]
+        stats.record(tree, path)
+    assert build_tree([Draft((1,), ("pool:h1",)), Draft((1,), ("suffix:1:c1",))]).tags[0] == ("pool:h1", "suffix:1:c1")
+    assert node_class("pool:h1", ("pool:h1",)) == "pool:h1|alone"
+    assert stats.tried["pool:h1", 1] == 40 and stats.accepted["pool:h1", 1] == 20
+    assert stats.rate("pool:h1", 1) == pytest.approx((20 + 2 * 0.5) / 42)
+    assert stats.rate("pool:h1|alone", 1) == pytest.approx((0 + 2 * stats.rate("pool:h1", 1)) / 22)
+    assert stats.rate("pool:h1|suffix", 1) == pytest.approx((20 + 2 * stats.rate("pool:h1", 1)) / 22)
+    alone, _ = stats.estimate(("pool:h1",), 1)
+    agreed, _ = stats.estimate(("pool:h1", "suffix:1:c1"), 1)
+    assert alone < 0.1 < 0.9 < agreed
+    # The per-source table counts every node once under its tags, never again under its classes.
+    assert {(r["source"], r["tried"]) for r in stats.table()} == {("pool", 40), ("suffix", 20)}
+    saved = DraftStats.from_table(stats.table(by_source=False), stats.calibration_items())
+    assert saved.tried == stats.tried and saved.calibration == stats.calibration
+    assert saved.estimate(("pool:h1",), 1) == pytest.approx(stats.estimate(("pool:h1",), 1))
+
+
+def test_over_rated_estimates_are_recalibrated_by_their_bin():
+    """A source whose nodes were estimated at 0.45 and accepted at 0.2 (the winner's curse of a
+    noisy per-class rate) has every estimate in that decile scaled by what it achieved, toward 1
+    with RECALIBRATION_TRIES pseudo-nodes; other deciles and sources are untouched."""
+    stats = DraftStats()
+    stats.calibration["pool", 4, "tried"], stats.calibration["pool", 4, "accepted"] = 200, 40
+    stats.calibration["pool", 4, "predicted"] = 200 * 0.45
+    ratio = (40 + RECALIBRATION_TRIES) / (90 + RECALIBRATION_TRIES)
+    assert stats.corrected("pool", 0.42) == pytest.approx(0.42 * ratio)
+    assert stats.corrected("pool", 0.55) == 0.55 and stats.corrected("suffix", 0.42) == 0.42
+    assert stats.estimate(("pool:h1",), 1) == (0.5, "pool:h1")            # an unseen class: the coin flip, bin 5
+    later = DraftStats(prior=stats.learnt())                             # a later decode keeps the map
+    assert later.corrected("pool", 0.42) == pytest.approx(0.42 * ratio)
+    under = DraftStats()
+    under.calibration["suffix", 2, "accepted"], under.calibration["suffix", 2, "predicted"] = 80, 25.0
+    assert under.corrected("suffix", 0.25) == pytest.approx(min(1.0, 0.25 * 85 / 30))   # under-rated: raised
 
 
 def test_ngram_source_tags_window_and_text_grams_with_their_hits():
@@ -118,25 +147,30 @@ def test_ngram_source_tags_window_and_text_grams_with_their_hits():
 
 
 def test_reliability_bins_each_tried_node_by_the_estimate_it_was_fed_under():
-    """Hand-made steps: the estimates are the rates before each step's own counts; untried nodes
-    (their parent rejected) are not in the diagram."""
+    """Hand-made steps: the estimates are those before each step's own counts, raw (the class
+    rate) and used (recalibrated); untried nodes (their parent rejected) are not in the diagram."""
     from lookahead_core.drafts import reliability_table
 
     stats = DraftStats()
     tree = build_tree([Draft((1, 2), ("recycle:p8", "recycle:p8")), Draft((3,), ("suffix:4:c1",))])
     stats.record(tree, [0, 1])            # node 0 (p8: 0.85) accepted, node 1 (depth 2, p8: 0.85) accepted,
                                           # node 2 (suffix, unseen: 0.5) rejected
-    assert stats.reliability() == [
-        {"source": "recycle", "bin": 8, "tried": 2, "predicted": 0.85, "observed": 1.0},
-        {"source": "suffix", "bin": 5, "tried": 1, "predicted": 0.5, "observed": 0.0}]
-    stats.record(tree, [])                # now: node 0 at (1 + 2 * 0.85 * scale) / 3, rejected; node 1 untried
+    first = [{"source": "recycle", "bin": 8, "tried": 2, "predicted": 0.85, "observed": 1.0},
+             {"source": "suffix", "bin": 5, "tried": 1, "predicted": 0.5, "observed": 0.0}]
+    assert stats.reliability() == stats.reliability(raw=True) == first   # nothing to recalibrate by yet
+    stats.record(tree, [])                # now node 0's class has 1 of 1: raw (1 + 2 * r) / 3, r its tag's
+    tag_rate = (1 + 2 * 0.85) / 3
+    raw = (1 + 2 * tag_rate) / 3          # 0.93: bin 9, which no node has reached, so used = raw
     rows = {(r["source"], r["bin"]): r for r in stats.reliability()}
-    scale = (2 + SCALE_TRIES) / (2 * 0.85 + SCALE_TRIES)                 # both p8 nodes were accepted
-    assert rows["recycle", 9] == {"source": "recycle", "bin": 9, "tried": 1,
-                                  "predicted": pytest.approx((1 + 2 * 0.85 * scale) / 3), "observed": 0.0}
-    suffix_scale = SCALE_TRIES / (0.5 + SCALE_TRIES)                      # its one coin flip, rejected
-    assert rows["suffix", 3]["predicted"] == pytest.approx((0 + 2 * 0.5 * suffix_scale) / 3)
-    assert rows["suffix", 3]["tried"] == 1
+    assert rows["recycle", 9] == {"source": "recycle", "bin": 9, "tried": 1, "predicted": pytest.approx(raw),
+                                  "observed": 0.0}
+    suffix_raw = (0 + 2 * ((0 + 2 * 0.5) / 3)) / 3                       # its class and its tag: 0 of 1
+    assert rows["suffix", 2]["predicted"] == pytest.approx(suffix_raw) and rows["suffix", 2]["tried"] == 1
+    raw = stats.rate("suffix:4:c1|alone", 1)                             # 0 of 2 now: 0.125, bin 1
+    assert raw == pytest.approx(2 * ((0 + 2 * 0.5) / 4) / 4) and stats.estimate(("suffix:4:c1",), 1)[0] == raw
+    stats.calibration["suffix", 1, "predicted"] += 10.0                  # as if 10 more nodes were estimated in
+    assert stats.estimate(("suffix:4:c1",), 1)[0] == pytest.approx(    # bin 1, none of them accepted
+        raw * RECALIBRATION_TRIES / (10 + RECALIBRATION_TRIES))
     merged = DraftStats()
     merged.merge(stats), merged.merge(stats)
     assert sum(r["tried"] for r in merged.reliability()) == 2 * sum(r["tried"] for r in stats.reliability())
@@ -151,8 +185,11 @@ def test_stats_count_fed_tried_and_accepted_per_tag_and_depth():
     stats = DraftStats()
     stats.record(tree, [0, 1])          # accepted 1, 2; node 2 tried and rejected; node 3 tried, rejected
     assert stats.fed == {("a", 1): 1, ("b", 1): 2, ("a", 2): 1, ("a", 3): 1, ("b", 2): 1}
-    assert stats.tried == {("a", 1): 1, ("b", 1): 2, ("a", 2): 1, ("a", 3): 1, ("b", 2): 1}
-    assert stats.accepted == Counter({("a", 1): 1, ("b", 1): 1, ("a", 2): 1})
+    tags = {key: n for key, n in stats.tried.items() if "|" not in key[0]}     # per tag; per node class below
+    assert tags == {("a", 1): 1, ("b", 1): 2, ("a", 2): 1, ("a", 3): 1, ("b", 2): 1}
+    assert {key: n for key, n in stats.accepted.items() if "|" not in key[0] and n} == {("a", 1): 1, ("b", 1): 1, ("a", 2): 1}
+    assert {key: n for key, n in stats.tried.items() if "|" in key[0]} == {
+        ("a|b", 1): 1, ("b|a", 1): 1, ("b|alone", 1): 1, ("a|alone", 2): 1, ("a|alone", 3): 1, ("b|alone", 2): 1}
     stats.record(tree, [])              # nothing accepted: only the depth-1 nodes were tried
     assert stats.tried[("a", 2)] == 1 and stats.tried[("a", 1)] == 2
     rows = {(r["source"], r["depth"]): r for r in stats.table()}
@@ -164,9 +201,7 @@ def test_an_unseen_depth_takes_the_rate_one_level_up_so_a_cost_aware_budget_reac
     copy = build_tree([Draft((1, 2), ("suffix:16",) * 2)])
     for _ in range(8):
         stats.record(copy, [0, 1])                    # 2-deep copies, always accepted
-    scale = (8 + SCALE_TRIES) / (8 * 0.5 + SCALE_TRIES)                  # its coin flips did better than 0.5
-    assert stats.scale("suffix") == pytest.approx(scale)
-    assert stats.rate("suffix:16", 1) == pytest.approx((8 + 2 * 0.5 * scale) / 10)
+    assert stats.rate("suffix:16", 1) == pytest.approx((8 + 2 * 0.5) / 10)
     assert stats.rate("suffix:16", 2) == pytest.approx((8 + 2 * stats.rate("suffix:16", 1)) / 10)
     assert stats.rate("suffix:16", 9) == stats.rate("suffix:16", 2)     # never fed that deep: the guess
     assert stats.rate("other", 3) == 0.5                                  # unseen tag: coin flips
@@ -189,7 +224,7 @@ def test_a_learnt_prior_takes_over_where_it_has_tried_and_the_guesses_elsewhere(
         learnt.record(copy, [0, 1, 2])                      # 3-deep copies, always accepted
     learnt.record(copy, [])                                 # and one rejected at depth 1
     stats = DraftStats(prior=learnt)
-    flip = 0.5 * learnt.scale("suffix")                                  # 18 of 19 coin flips accepted
+    flip = 0.5                                                           # the coin flip of an unseen tag
     assert stats.rate("suffix:8", 1) == learnt.rate("suffix:8", 1) == pytest.approx((18 + 2 * flip) / 21)
     assert stats.rate("suffix:8", 3) == learnt.rate("suffix:8", 3) == (18 + 2 * learnt.rate("suffix:8", 2)) / 20
     assert stats.rate("suffix:8", 5) == stats.rate("suffix:8", 3)      # never tried that deep: the level above

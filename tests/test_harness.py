@@ -200,7 +200,8 @@ def test_batches_keep_a_row_per_item_record_the_batch_and_give_the_tokens_of_one
 
 def test_auto_picks_for_the_batch_size_and_decodes_with_its_pick(tmp_path: Path) -> None:
     path = run(tmp_path, "experiment=mtbench", "dataset.turns=1", "dataset.limit=2", "experiment.max_new_tokens=10",
-               "decoding=auto", "decoding.calibration_items=1", "decoding.calibration_tokens=8", "batch_size=2",
+               "decoding=auto", "decoding.protocol=grid", "decoding.calibration_items=1", "decoding.calibration_tokens=8",
+               "batch_size=2",
                base=TINY_MODEL)
     record = json.loads(path.with_suffix(".auto.json").read_text())
     batch = record["batch"]
@@ -249,7 +250,7 @@ def test_auto_learns_acceptance_online_and_a_second_job_reuses_curve_pick_and_ac
 
     monkeypatch.setattr(cost_model, "choose_config", forced)
     overrides = ["experiment=mtbench", "dataset.limit=2", "dataset.turns=2", "experiment.max_new_tokens=12",
-                 "decoding=auto", "decoding.calibration_items=1", "decoding.calibration_tokens=8"]
+                 "decoding=auto", "decoding.protocol=grid", "decoding.calibration_items=1", "decoding.calibration_tokens=8"]
     path = run(tmp_path, *overrides, base=TINY_MODEL)
     record = json.loads(path.with_suffix(".auto.json").read_text())
     prior = DraftStats.from_table(record["draft_prior"])
@@ -281,14 +282,16 @@ def test_auto_learns_acceptance_online_and_a_second_job_reuses_curve_pick_and_ac
     assert [p[2].tried for p in priors if p[1] == 12][0] == stored.tried - priors[-1][3].tried - priors[-2][3].tried
 
 
-def test_online_auto_calibrates_nothing_and_decodes_the_widest_cost_aware_tree(
+def test_the_default_auto_calibrates_nothing_and_decodes_the_widest_cost_aware_tree(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, calibration_cache: Path) -> None:
+    """``decoding=auto`` as users get it is protocol ``online``: no grid decoded, one tree every
+    step cuts, the store growing with every evaluated turn (and a batched job likewise)."""
     from experiments.decoders import autotune
     from lookahead_core import cost as cost_model
 
     monkeypatch.setattr(cost_model, "choose_config", lambda *a, **k: pytest.fail("the online protocol calibrated a grid"))
     path = run(tmp_path, "experiment=mtbench", "dataset.limit=2", "dataset.turns=1", "experiment.max_new_tokens=16",
-               "decoding=auto", "decoding.protocol=online", base=TINY_MODEL)
+               "decoding=auto", base=TINY_MODEL)
     record = json.loads(path.with_suffix(".auto.json").read_text())
     assert record["protocol"] == "online" and record["chosen"].endswith("_tree_sfx4_rc4_d16_k64_ca")
     assert len(record["chosen_config"]["step_costs"]) == 64 and record["latency_provenance"]["key"]["model"] == "tiny_llama"
@@ -318,6 +321,11 @@ def test_online_auto_calibrates_nothing_and_decodes_the_widest_cost_aware_tree(
     assert not json.loads(fresh.with_suffix(".auto.json").read_text())["latency_provenance"]["reused"]
     store.load()
     assert store.decodes == 1                                                # forgotten, then this job's turn
+    batched = run(tmp_path / "batched", "experiment=mtbench", "dataset.limit=2", "dataset.turns=1",
+                  "experiment.max_new_tokens=16", "decoding=auto", "batch_size=2", base=TINY_MODEL)
+    rows = read_rows(batched)
+    assert rows[rows["decoder"] == "auto"]["matches_greedy"].all() and len(rows[rows["decoder"] == "auto"]) == 2
+    assert "batch" not in json.loads(batched.with_suffix(".auto.json").read_text())   # the same tree, cut per step
 
 
 @needs_full_data("mtbench", why="it runs MT-Bench items 81-84 by id")
@@ -421,7 +429,7 @@ def test_decoding_auto_calibrates_outside_the_range_and_a_rerun_reuses_the_pick(
     monkeypatch.setattr(runner, "calibration_items",
                         lambda *a: calibration_ids.extend(i.item_id for i in real_items(*a)) or real_items(*a))
     overrides = ["experiment=mtbench", "dataset.limit=2", "dataset.turns=1", "experiment.max_new_tokens=16",
-                 "decoding=auto", "decoding.calibration_tokens=8"]
+                 "decoding=auto", "decoding.protocol=grid", "decoding.calibration_tokens=8"]
     path = run(tmp_path, *overrides, base=TINY_MODEL)
     record = path.with_suffix(".auto.json")
     assert path.name.startswith("auto-") and record.is_file() and seen == [3]

@@ -392,10 +392,7 @@ class AcceptanceStore:
         if stored.get("format") != CACHE_FORMAT or stored.get("key") != self.key:
             return None
         self.decodes = int(stored.get("decodes", 0))
-        stats = DraftStats.from_table(stored["table"])
-        for source, kind, value in stored.get("guesses", []):    # how each source's guesses fared (its scale)
-            stats.guesses[source, kind] = value
-        return stats
+        return DraftStats.from_table(stored["table"], stored.get("calibration", ()))
 
     def add(self, stats: DraftStats, decodes: int = 1) -> None:
         """Add ``stats``' own counts (``decodes`` decodes' worth) to what is stored now: several
@@ -404,8 +401,7 @@ class AcceptanceStore:
         total.merge(stats)
         self.decodes += decodes
         write_json(self.path, {"format": CACHE_FORMAT, "key": self.key, "updated_at": _now(), "decodes": self.decodes,
-                               "table": total.table(by_source=False),
-                               "guesses": [[source, kind, value] for (source, kind), value in sorted(total.guesses.items())]})
+                               "table": total.table(by_source=False), "calibration": total.calibration_items()})
 
 
 def pick_key(curve: CurveKey, dataset: str, items: Sequence[str], tokens: int, mode: str,

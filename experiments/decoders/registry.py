@@ -225,16 +225,17 @@ class CoreDecoder(Decoder):
 
 @register("auto")
 class AutoDecoder(CoreDecoder):
-    """The cost model's pick (lookahead_core/cost/): the device's latency curve (cached per
-    ``autotune.CurveKey``), then a grid calibrated on items that are not evaluated, every token
-    tree cut per step by this device's step costs and by draft acceptance measured before (stored
-    per model and dataset, else surveyed first); it decodes as the config predicted fastest
-    (greedy included), with B > 1 fastest for batches of B (``autotune.calibrate_batch``).
+    """The cost model's pick (lookahead_core/cost/) on the device's latency curve (cached per
+    ``autotune.CurveKey``). Protocol ``online`` (the default) decodes with the widest cost-aware
+    tree, each step feeding the nodes its estimates say pay on this device, from the acceptance
+    stored for the model and dataset (or the guesses) on; ``grid`` first calibrates a grid on
+    items that are not evaluated and decodes as the config predicted fastest (greedy included),
+    with B > 1 fastest for batches of B (``autotune.calibrate_batch``).
 
     The record is saved beside the results (``<csv>.auto.json``) and reused by a rerun, so a
-    resumed job keeps its decoder; the pick is also cached for other jobs on the same curve,
+    resumed job keeps its decoder; a grid's pick is also cached for other jobs on the same curve,
     items and grid (``autotune.pick_key``). Every evaluated decode starts from the acceptance
-    measured so far and adds its own to the store (online; the pick stays fixed)."""
+    measured so far and adds its own to the store."""
 
     @dataclass
     class Params:
@@ -243,11 +244,12 @@ class AutoDecoder(CoreDecoder):
         calibration_offset: Optional[int] = None   # first calibration item; None: after the range
         predict: bool = False            # also calibrate the job's other core decoders (predicted vs measured)
         recalibrate: bool = False        # measure the latency curve and calibrate again, ignoring the caches
-        # grid: calibrate the grid on the calibration items and decode with the predicted fastest;
-        # online: calibrate nothing, decode with the widest cost-aware tree (cost.widest_tree)
-        protocol: str = "grid"
+        # online: calibrate nothing, decode with the widest cost-aware tree (cost.widest_tree), each
+        # step cut by its nodes' estimates; grid: calibrate the grid on the calibration items and
+        # decode with the predicted fastest (pays where its cached pick is reused, docs/auto.md)
+        protocol: str = "online"
 
-    PROTOCOLS = ("grid", "online")
+    PROTOCOLS = ("online", "grid")
     LATER_FIELDS = ("protocol",)
 
     def __init__(self, name: str, params: Any, seed: int = 0) -> None:

@@ -1,24 +1,28 @@
 #!/usr/bin/env bash
-# decoding=auto as users get it, through run.py (issue 28): the default auto (protocol grid) and
-# auto_online (protocol=online) against transformers prompt lookup (k = 3 and 10) and generate greedy,
+# decoding=auto as users get it, through run.py (issue 28): the default auto (protocol online) against
+# transformers prompt lookup (k = 3 and 10) and generate greedy, and, for SmolLM2, auto_grid (protocol=grid),
 # on the six experiments x two models of results/benchmark/trees: SmolLM2-135M on 20 items, Qwen2.5-Coder-0.5B
 # on 10, spread over categories (dataset.order=spread: round-robin over categories, seeded), first turns,
-# 128 new tokens, one torch thread, decoders interleaved per item after a warm-up. The calibration cache
-# is this script's own ($CACHE, default /tmp/lookahead_auto_cache: outside the repository),
-# fresh unless a rerun resumes. auto_online is listed first, so it prepares before auto's survey fills the
-# acceptance store: both start cold. Every job resumes; rerun the script to finish what a session left.
-# MODELS= and SETS= limit it. Then: python -m experiments.reporting.report results/auto --out results/auto/report
+# 128 new tokens, greedy (decoding.temperature=0: CNN/DM and XSum sample by default), one torch thread,
+# decoders interleaved per item after a warm-up. The calibration cache is this script's own ($CACHE,
+# default /tmp/lookahead_auto_cache: outside the repository); auto is listed first, so it prepares
+# before auto_grid's survey reaches the acceptance store: it starts cold. Every job resumes; rerun the
+# script to finish what a session left. MODELS= and SETS= limit it. Then:
+#   python -m experiments.reporting.report results/auto/<set>... --out results/auto/report
 set -u
 cd "$(dirname "$0")/../../.."
 export LOOKAHEAD_CALIBRATION_CACHE=${CACHE:-/tmp/lookahead_auto_cache}
 models=${MODELS:-smollm2_135m qwen25_coder_05b}
 sets=${SETS:-humaneval mbpp mtbench classeval cnndm xsum}
 for model in $models; do
-    limit=$([ "$model" = smollm2_135m ] && echo 20 || echo 10)
+    if [ "$model" = smollm2_135m ]; then
+        limit=20 grid=',{use:auto,name:auto_grid,protocol:grid}'
+    else
+        limit=10 grid=''
+    fi
     for set in $sets; do
         HF_HUB_OFFLINE=1 python run.py experiment="$set" model="$model" dataset.limit="$limit" dataset.order=spread \
-            dataset.turns=1 experiment.max_new_tokens=128 threads=1 baseline=hf_greedy \
-            'decoders=[{use:auto,name:auto_online,protocol:online},hf_pld,{use:hf_pld,name:hf_pld_k10,k:10},auto]' \
-            results_dir=results/auto || exit 1
+            dataset.turns=1 experiment.max_new_tokens=128 decoding.temperature=0 threads=1 baseline=hf_greedy \
+            "decoders=[auto,hf_pld,{use:hf_pld,name:hf_pld_k10,k:10}$grid]" results_dir=results/auto || exit 1
     done
 done
