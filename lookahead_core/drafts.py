@@ -280,9 +280,9 @@ class DraftStats:
 
     1. **Its class's rate.** A node's class is a tag with the other sources that proposed the same
        node (:func:`node_class`: ``pool:h1|alone``, ``pool:h1|recycle+suffix``), because agreement
-       is evidence: on SmolLM2 HumanEval a pool n-gram no other source proposes is accepted at
-       0.06, one a suffix match or a recycled successor also proposes at 0.22, and counting both
-       under ``pool:h1`` prices the first at the second's rate. ``rate`` = accepted / tried,
+       is evidence: on SmolLM2 HumanEval a pool n-gram no other source proposes was accepted at
+       0.06, one a suffix match or a recycled successor also proposes at 0.22 (docs/auto.md), and
+       counting both under ``pool:h1`` prices the first at the second's rate. ``rate`` = accepted / tried,
        smoothed toward a prior worth ``PRIOR_TRIES`` tries: the ``prior``'s rate where it has tried
        the class, else the tag's (all nodes of the tag, whatever proposed them beside), whose own
        prior is the ``prior``'s, else the tag's own estimate (:func:`tag_guess`), else a coin flip
@@ -291,7 +291,7 @@ class DraftStats:
        knows the copy is running), and the node takes the highest, after 3.
     3. **Recalibration.** A per-class rate is a noisy estimate, and the cut feeds the nodes whose
        estimate is high: the fed ones are over-rated on average (the winner's curse; before this
-       step pool n-grams were fed at 0.36 and accepted at 0.18). So every tried node's raw
+       step pool n-grams were fed at 0.41 and accepted at 0.21). So every tried node's raw
        estimate is binned by decile against its outcome, per source (``calibration``), and the
        estimate the cut uses is the raw one times its bin's accepted / predicted ratio, toward 1
        with ``RECALIBRATION_TRIES`` pseudo-nodes (:meth:`corrected`; histogram binning, learnt as

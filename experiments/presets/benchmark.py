@@ -176,7 +176,8 @@ def job_config(args: argparse.Namespace):
         if offset is None and args.every > 1:          # the items right after the first benchmark item
             offset = args.offset + 1
         auto = {"calibration_items": args.calibration_prompts, "calibration_tokens": args.calibration_tokens,
-                "calibration_offset": offset, "predict": args.predict, "recalibrate": args.recalibrate}
+                "calibration_offset": offset, "predict": args.predict, "recalibrate": args.recalibrate,
+                "protocol": "grid" if args.predict else args.protocol}      # predicted vs measured: the grid's
     return compose_job(overrides, build_decoders(args.configs, args.pool, args.pool_only, args.prompt_lookup,
                                                  auto, args.core))
 
@@ -247,7 +248,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-lookup", nargs="*", type=int, default=[10],
                         help="transformers prompt_lookup_num_tokens values (none: skip)")
     parser.add_argument("--auto", action="store_true", help="add the config choose_config picks")
-    parser.add_argument("--predict", action="store_true", help="calibrate every config: predicted vs measured")
+    parser.add_argument("--predict", action="store_true",
+                        help="calibrate every config: predicted vs measured (auto's protocol grid)")
+    parser.add_argument("--protocol", choices=("online", "grid"), default="online", help="auto's protocol (docs/auto.md)")
     parser.add_argument("--recalibrate", action="store_true",
                         help="auto measures its latency curve and calibrates again, ignoring the calibration cache")
     parser.add_argument("--calibration-prompts", type=int, default=3)

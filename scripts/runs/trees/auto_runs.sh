@@ -26,7 +26,7 @@ models=${MODELS:-smollm2_135m qwen25_coder_05b}
 late=$([ "$prefix" = auto4 ] || [ "$prefix" = auto5 ] && echo 1)
 tokens=${CALIBRATION_TOKENS:-$([ -n "$late" ] && echo 128 || echo 64)}
 cd "$(dirname "$0")/../../.."
-common=(--max-new-tokens 128 --configs --pool-only 3,1 --prompt-lookup 3 10 --auto --calibration-prompts $calibration --calibration-tokens $tokens --threads 1)
+common=(--max-new-tokens 128 --configs --pool-only 3,1 --prompt-lookup 3 10 --auto --protocol grid --calibration-prompts $calibration --calibration-tokens $tokens --threads 1)
 # experiment and its --every (evenly spaced items; MT-Bench: 8 categories of 10)
 sets=("humaneval 8" "mbpp 12" "mtbench 4" "classeval 5" "cnndm 50" "xsum 50")
 for model in $models; do

@@ -5,5 +5,5 @@
 set -u
 cd "$(dirname "$0")/../../.."
 nice -n 10 python -m experiments.presets.benchmark run --model smollm2_135m --dataset xsum --limit 20 --every 50 \
-    --max-new-tokens 128 --configs --pool-only --prompt-lookup --auto --calibration-prompts 6 --threads 1 \
+    --max-new-tokens 128 --configs --pool-only --prompt-lookup --auto --protocol grid --calibration-prompts 6 --threads 1 \
     --out results/benchmark/trees/calib6_smollm2_xsum
