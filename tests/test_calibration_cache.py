@@ -59,7 +59,7 @@ def test_a_cached_curve_of_another_format_or_key_is_measured_again(tmp_path: Pat
     autotune.latency_curve(None, KEY, tmp_path, measure=measure)
     path = KEY.path(tmp_path)
     stored = json.loads(path.read_text())
-    path.write_text(json.dumps({**stored, "format": autotune.CACHE_FORMAT + 1}))
+    path.write_text(json.dumps({**stored, "format": autotune.CURVE_FORMAT - 1}))
     assert not autotune.latency_curve(None, KEY, tmp_path, measure=measure)[1]["reused"]
     stored = json.loads(path.read_text())
     path.write_text(json.dumps({**stored, "key": {**stored["key"], "threads": 8}}))   # a hash collision, say
@@ -121,3 +121,18 @@ def test_the_cache_lives_outside_the_repository(env: bool, monkeypatch: pytest.M
         monkeypatch.delenv("LOOKAHEAD_CALIBRATION_CACHE")
         monkeypatch.setenv("LOOKAHEAD_CACHE", str(tmp_path / "models"))
         assert autotune.cache_root() == tmp_path / "models" / "calibration"
+
+
+def test_a_measured_curve_carries_the_loops_host_time_and_the_online_pick_decodes_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    lm = CausalLM(tiny_random_model("llama", seed=0))
+    key = autotune.CurveKey.of(lm, "tiny", kv_length=64)
+    curve, meta = autotune.latency_curve(lm, key, tmp_path)
+    assert not meta["reused"] and 0 < curve.host_seconds < 0.1
+    again, meta2 = autotune.latency_curve(lm, key, tmp_path)
+    assert meta2["reused"] and again.host_seconds == curve.host_seconds                 # cached with the curve
+    monkeypatch.setattr(autotune, "decode", lambda *a, **k: pytest.fail("the online pick decoded"))
+    record = autotune.online(tmp_path / "job.auto.json", again)
+    assert record["protocol"] == "online" and record["calibration_seconds"] == 0.0
+    assert CostModel.from_rows(record["latency"]).host_seconds == curve.host_seconds
+    assert f"host {1e3 * curve.host_seconds:.2f} ms a step" in record["markdown"]

@@ -40,6 +40,8 @@ from lookahead_core.config import DecodeLimits, LookaheadConfig, SamplingConfig,
 from lookahead_core.drafts import DraftStats
 
 CACHE_FORMAT = 1           # bump when what a cached file means changes (its tags, its fields)
+CURVE_FORMAT = 2           # a cached latency curve's; 2: it carries the loop's host time per greedy step
+HOST_TOKENS = 32           # greedy steps timed for that host time (after a warm-up of 4)
 
 FINALISTS = 3              # configs calibrated in full after the screen
 SCREEN_MIN_TOKENS = 8      # the screen decodes max(this, calibration tokens / 2) tokens per prompt
@@ -140,7 +142,7 @@ def prepare(lm, model: str, dataset: str, item_ids: Sequence[str], prompts: list
         curve, provenance = latency_curve(lm, key, root, remeasure=recalibrate)
         extra = {"latency_provenance": provenance}
         if protocol == "online":
-            record = online(lm, prompts[0], limits, path, curve, extra=extra)
+            record = online(path, curve, extra=extra)
         else:
             shared = pick_path(root, pick_key(key, dataset, item_ids, limits.max_new_tokens, mode, cm.default_grid(),
                                               always))
@@ -172,34 +174,26 @@ def describe(record: dict, path: Path) -> str:
             + ")")
 
 
-def online(model, prompt: list[int], limits: DecodeLimits, path: Path, cost_model: cm.CostModel,
-           *, extra: dict | None = None) -> dict:
-    """The online protocol's record (or the one at ``path``): no grid calibrated; the pick is
-    :func:`lookahead_core.cost.widest_tree` on ``cost_model``, its step costs including the decode
-    loop's host time per greedy step, measured on one greedy decode of ``prompt`` (``limits``'
-    new tokens, at most 32). The draft acceptance its cuts start from is the caller's (stored, or
-    none: the tags' own estimates and the guesses), and grows with every evaluated turn."""
+def online(path: Path, cost_model: cm.CostModel, *, extra: dict | None = None) -> dict:
+    """The online protocol's record (or the one at ``path``): no grid calibrated, nothing decoded;
+    the pick is :func:`lookahead_core.cost.widest_tree` on ``cost_model``, whose step costs include
+    the decode loop's host time per greedy step that :func:`measure_curve` measured with the curve.
+    The draft acceptance its cuts start from is the caller's (stored, or none: the tags' own
+    estimates and the guesses), and grows with every evaluated turn."""
     path = Path(path)
     if path.exists():
         return json.loads(path.read_text())
-    started = time.perf_counter()
-    short = DecodeLimits(min(32, limits.max_new_tokens), limits.eos_token_ids)
-    decode(model, prompt, None, short)                                   # warm-up
-    stats = decode(model, prompt, None, short).stats
-    host = max(0.0, stats.decode_seconds - stats.model_seconds) / max(stats.steps, 1)
-    curve = replace(cost_model, host_seconds=host)
-    chosen = cm.widest_tree(curve)
+    chosen = cm.widest_tree(cost_model)
     record = {
         "protocol": "online",
         "chosen": config_label(chosen),
         "chosen_config": config_fields(chosen),
-        "calibrated_at": _now(), "calibration_prompts": 1, "calibration_tokens": short.max_new_tokens,
-        "calibration_seconds": time.perf_counter() - started,
-        "latency": curve.to_rows(), "candidates": [], "draft_prior": None,
+        "calibrated_at": _now(), "calibration_prompts": 0, "calibration_tokens": 0, "calibration_seconds": 0.0,
+        "latency": cost_model.to_rows(), "candidates": [], "draft_prior": None,
         "markdown": (f"#### decoding=auto (online) \n\nNo grid calibrated: **{config_label(chosen)}**, every step "
-                     f"cut by its nodes' estimates against this device's step costs (host {1e3 * host:.2f} ms a "
-                     "step).\n\nForward latency t(k)/t(1) on this device: "
-                     + ", ".join(f"{k}: {r:.2f}" for k, r in curve.relative())),
+                     f"cut by its nodes' estimates against this device's step costs (host "
+                     f"{1e3 * cost_model.host_seconds:.2f} ms a step).\n\nForward latency t(k)/t(1) on this "
+                     "device: " + ", ".join(f"{k}: {r:.2f}" for k, r in cost_model.relative())),
         **(extra or {}),
     }
     write_json(path, record)
@@ -349,8 +343,23 @@ class CurveKey:
         return root / "latency" / f"{_slug(asdict(self))}.json"
 
 
+def measure_curve(lm, *, kv_length: int, batch: int = 1) -> cm.CostModel:
+    """:func:`lookahead_core.cost.measure_latency` at ``kv_length`` and ``batch``, with (at batch 1)
+    the decode loop's host time per greedy step: the time outside ``CausalLM.forward`` of a greedy
+    decode of ``HOST_TOKENS`` tokens after 16 random ones (the loop's own work, the same on any text)."""
+    import torch
+
+    curve = cm.measure_latency(lm, kv_length=kv_length, batch=batch)
+    if batch > 1:
+        return curve
+    prompt = torch.randint(0, lm.model.config.vocab_size, (16,), generator=torch.Generator().manual_seed(0)).tolist()
+    decode(lm, prompt, None, DecodeLimits(4, ()))                                      # warm-up
+    stats = decode(lm, prompt, None, DecodeLimits(HOST_TOKENS, ())).stats
+    return replace(curve, host_seconds=max(0.0, stats.decode_seconds - stats.model_seconds) / max(stats.steps, 1))
+
+
 def latency_curve(lm, key: CurveKey, root: Path, *, remeasure: bool = False,
-                  measure: Callable[..., cm.CostModel] = cm.measure_latency) -> tuple[cm.CostModel, dict]:
+                  measure: Callable[..., cm.CostModel] = measure_curve) -> tuple[cm.CostModel, dict]:
     """The latency curve for ``key``: the cached one, or (``remeasure``, none cached, another
     format) measured now at the key's KV length and batch and cached. Returns the curve and its
     provenance: the key, when and under which load average (1 minute, before and after) it was
@@ -358,13 +367,13 @@ def latency_curve(lm, key: CurveKey, root: Path, *, remeasure: bool = False,
     path = key.path(root)
     if not remeasure and path.exists():
         cached = json.loads(path.read_text())
-        if cached.get("format") == CACHE_FORMAT and cached.get("key") == asdict(key):
+        if cached.get("format") == CURVE_FORMAT and cached.get("key") == asdict(key):
             return cm.CostModel.from_rows(cached["rows"]), {**cached["meta"], "reused": True, "path": str(path)}
     before, started = os.getloadavg()[0], time.perf_counter()
     curve = measure(lm, kv_length=key.kv_length, batch=key.batch)
     meta = {"key": asdict(key), "measured_at": _now(), "host": platform.node(),
             "load_average": [before, os.getloadavg()[0]], "seconds": time.perf_counter() - started}
-    write_json(path, {"format": CACHE_FORMAT, "key": asdict(key), "meta": meta, "rows": curve.to_rows()})
+    write_json(path, {"format": CURVE_FORMAT, "key": asdict(key), "meta": meta, "rows": curve.to_rows()})
     return curve, {**meta, "reused": False, "path": str(path)}
 
 
