@@ -113,7 +113,8 @@ _RESULTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def probe(model: torch.nn.Module | CausalLM) -> ProbeResult:
     """The probe's result for ``model``, run once per model, dtype, device and attention implementation."""
-    lm = model if isinstance(model, CausalLM) else CausalLM(model)
+    lm = model if isinstance(model, CausalLM) and not model.sharded else \
+        CausalLM(model.model if isinstance(model, CausalLM) else model)     # the model, in this process alone
     key = (lm.dtype, str(lm.device), lm.attention)
     results = _RESULTS.setdefault(lm.model, {})
     if key not in results:

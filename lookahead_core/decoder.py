@@ -22,7 +22,7 @@ import torch
 from .config import DecodeLimits, LookaheadConfig, SamplingConfig
 from .drafts import DraftStats, Proposer, StepOutcome
 from .layout import EMPTY_TREE, DraftTree, StepLayout, cut_tree, step_layout
-from .model_io import CausalLM, Feed, commit_kv, select_sequences, sequence_cache, truncate_kv
+from .model_io import CausalLM, Feed, select_sequences, sequence_cache, truncate_kv
 from .capability import require_branching_support
 from .inputs import check_vocabulary, validate_input_ids
 from .positions import fit_step
@@ -43,6 +43,7 @@ class DecodeStats:
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0                           # the whole step loop
     model_seconds: float = 0.0                            # inside the model's forward
+    comm_seconds: float = 0.0                             # of that, in collectives (lookahead parallelism)
     drafts: DraftStats = field(default_factory=DraftStats)  # fed / tried / accepted per source and depth
 
     @property
@@ -235,7 +236,7 @@ def _run(model, prompts: list[list[int]], lookahead: LookaheadConfig | None, lim
         batch = [seqs[i] for i in live]
         steps = [_plan(seq, lm.position_limit) for seq in batch]
         past, valid = cache.get_seq_length(), [seq.committed for seq in batch]
-        t0 = time.perf_counter()
+        t0, comm = time.perf_counter(), lm.comm_seconds
         outs = lm.forward_batch(cache, [step.feed for step in steps], hidden)
         logits, states = zip(*outs) if hidden else (outs, [None] * len(outs))
         if logits[0].is_cuda:
@@ -243,7 +244,9 @@ def _run(model, prompts: list[list[int]], lookahead: LookaheadConfig | None, lim
         elapsed = time.perf_counter() - t0
         keep = [_finish(seq, step, row_logits, row_states, elapsed, limits, tokenizer)
                 for seq, step, row_logits, row_states in zip(batch, steps, logits, states)]
-        commit_kv(cache, past, keep, valid)
+        lm.commit(cache, past, keep, valid)
+        for seq in batch:
+            seq.stats.comm_seconds += lm.comm_seconds - comm
         retire(start)
     return [outputs[i] for i in range(len(seqs))]
 

@@ -37,7 +37,13 @@ class CausalLM:
 
     ``drafters``: trained draft models by source name (``{"medusa": MedusaHeads}``), for the
     sources registered with ``drafter=True`` (``lookahead_core/sources.py``).
+
+    :class:`lookahead_core.parallel.ShardedLM` is the same interface with each step's rows split
+    over the ranks of a process group (``sharded``; ``comm_seconds``: time in its collectives).
     """
+
+    sharded = False
+    comm_seconds = 0.0
 
     def __init__(self, model: torch.nn.Module, drafters: dict | None = None) -> None:
         config = model.config
@@ -78,6 +84,10 @@ class CausalLM:
     @staticmethod
     def new_cache() -> DynamicCache:
         return DynamicCache()
+
+    def commit(self, cache: DynamicCache, past: int, keep_rows: list[list[int]], valid: list[int] | None = None) -> None:
+        """After a step: keep the rows each sequence accepted (:func:`commit_kv`)."""
+        commit_kv(cache, past, keep_rows, valid)
 
     def forward(
         self,
