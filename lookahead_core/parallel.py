@@ -120,6 +120,8 @@ class ShardedLM(CausalLM):
         self._last: tuple[int, list[Shards]] | None = None
         self.comm_seconds = 0.0
         self._step = 0
+        self.store = _STORE
+        self._beat("init")
         me = torch.tensor([os.getpid(), zlib.crc32(socket.gethostname().encode())], dtype=torch.long)
         peers = [torch.zeros_like(me) for _ in range(self.ranks)]
         self._collective("all_gather (ranks' process ids)", lambda: dist.all_gather(peers, me, group=group))
@@ -261,8 +263,15 @@ class ShardedLM(CausalLM):
 
     # -- faults -------------------------------------------------------------------------------
 
+    def _beat(self, what: str) -> None:
+        """Say, in the store, which collective of which step this rank is entering."""
+        self._calls = getattr(self, "_calls", 0) + 1
+        if self.store is not None:
+            self.store.set(f"calls/{self.rank}", str(self._calls))
+
     def _collective(self, what: str, run) -> None:
         started = time.perf_counter()
+        self._beat(what)
         try:
             run()
         except (RuntimeError, dist.DistError) as error:
@@ -280,6 +289,15 @@ class ShardedLM(CausalLM):
         gone = [r for r, (pid, h) in enumerate(peers) if r != self.rank and h == host and not _alive(pid)]
         if gone:
             return "rank " + ", ".join(map(str, gone)) + (" is" if len(gone) == 1 else " are") + " gone"
+        behind = []
+        if self.store is not None:
+            try:
+                calls = {r: int(self.store.get(f"calls/{r}")) for r in range(self.ranks)}
+                behind = [r for r, n in calls.items() if n < self._calls]
+            except (RuntimeError, ValueError, dist.DistError):
+                pass                                    # the store's host is gone too
+        if behind:
+            return "rank " + ", ".join(map(str, behind)) + " did not reach this collective within the timeout"
         others = [r for r in range(self.ranks) if r != self.rank]
         return ("rank " + ", ".join(map(str, others)) + " did not answer within the timeout (alive, or on "
                 "another host)")
@@ -300,14 +318,31 @@ def _alive(pid: int) -> bool:
         return True
 
 
+_STORE = None           # the rendezvous store init() joined: each rank's step, for naming a rank that hangs
+
+
 def init(backend: str | None = None, timeout_s: float = 60.0) -> None:
     """Join the process group torchrun describes (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``/``PORT``):
     ``gloo`` on CPUs, ``nccl`` when CUDA is available (or ``backend``), every collective under
-    ``timeout_s``."""
+    ``timeout_s``. The rendezvous store is kept (torchrun's agent's, else rank 0's) for the ranks'
+    step counters."""
+    global _STORE
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
     check_backend(backend)
-    if not dist.is_initialized():
-        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+    if dist.is_initialized():
+        return
+    missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+    if missing:
+        raise ParallelError(f"lookahead parallelism: {', '.join(missing)} not set: launch with torchrun "
+                            "(torchrun --nproc-per-node P run.py ...)")
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    timeout = datetime.timedelta(seconds=timeout_s)
+    host = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" and rank == 0
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=host,
+                          timeout=timeout)
+    _STORE = dist.PrefixStore("lookahead_parallel/", store)
+    dist.init_process_group(backend, store=dist.PrefixStore("group/", store), rank=rank, world_size=world,
+                            timeout=timeout)
 
 
 def check_backend(backend: str) -> None:

@@ -65,6 +65,7 @@ def main() -> None:
     parser.add_argument("--cases", nargs="*", default=list(CASES))
     parser.add_argument("--kill-at-step", type=int, default=0)
     parser.add_argument("--kill-rank", type=int, default=1)
+    parser.add_argument("--hang", action="store_true", help="the rank stops (sleeps) instead of dying")
     parser.add_argument("--timeout", type=float, default=20.0)
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -77,6 +78,8 @@ def main() -> None:
 
         def dying(*a, **k):
             if lm._step + 1 >= args.kill_at_step:
+                if args.hang:
+                    time.sleep(3600)
                 os.kill(os.getpid(), signal.SIGKILL)
             return forward(*a, **k)
         lm.forward_batch = dying

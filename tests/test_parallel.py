@@ -34,8 +34,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(ranks: int, out: Path, *args: str, timeout: float = 240) -> list[dict]:
-    """Run the worker on ``ranks`` processes; their results by rank."""
+def launch(ranks: int, out: Path, *args: str, timeout: float = 240, hung: int | None = None) -> list[dict]:
+    """Run the worker on ``ranks`` processes; their results by rank (rank ``hung`` is killed once
+    the others have ended)."""
     port = str(free_port())
     procs = []
     for rank in range(ranks):
@@ -43,7 +44,10 @@ def launch(ranks: int, out: Path, *args: str, timeout: float = 240) -> list[dict
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "OMP_NUM_THREADS": "1"}
         procs.append(subprocess.Popen([sys.executable, str(WORKER), str(out), *args], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    logs = [p.communicate(timeout=timeout)[0] for p in procs]
+    logs = {r: p.communicate(timeout=timeout)[0] for r, p in enumerate(procs) if r != hung}
+    if hung is not None:
+        procs[hung].kill()
+        logs[hung] = procs[hung].communicate()[0]
     results = []
     for rank, proc in enumerate(procs):
         path = out if rank == 0 else Path(f"{out}.{rank}")
@@ -98,3 +102,14 @@ def test_the_split_feeds_every_row_with_its_closure_and_balances_the_ranks() -> 
         assert sum(loads) >= layout.size                                            # every row somewhere
     chain = shard_rows(None, torch.arange(5), 3)
     assert chain == Shards((), (0, 0, 0, 0, 0))                                      # a chain: not split
+
+
+def test_a_hung_rank_is_named_by_the_others_after_the_timeout(tmp_path: Path) -> None:
+    started = time.perf_counter()
+    results = launch(3, tmp_path / "out.json", "--kill-at-step", "4", "--kill-rank", "2", "--hang",
+                     "--timeout", "8", hung=2)
+    elapsed = time.perf_counter() - started
+    for rank in (0, 1):
+        error = results[rank].get("error", "")
+        assert "rank 2 did not reach this collective within the timeout" in error, results[rank]
+    assert elapsed < 8 * 4 + 20, f"the survivors took {elapsed:.0f} s"
