@@ -1,0 +1,114 @@
+"""The scaling law from result rows: step compression S against log2(tokens fed per step).
+
+The paper's claim is that S grows linearly in the log of the FLOPs a step spends. Here a step's
+FLOPs are measured as the tokens it feeds (the rows' ``step_tokens_mean``), so each run setup
+(model, experiment, decoder settings) is one point, and each series (the linear branches at one N,
+with or without the prompt pool, or the token trees) gets a least-squares line
+S = intercept + slope * log2(fed) with its R^2.
+
+    python -m experiments.reporting.scaling results/scaling/<set>... --out results/scaling/report
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+SETUP = ["model", "experiment", "decoder", "N", "W", "G", "prompt_pool", "tree"]
+
+
+def _series(row: pd.Series) -> str:
+    """The series a setup belongs to: its branch kind at its N."""
+    kind = "tree" if bool(row["tree"]) else "window"
+    return f"{kind} N{int(row['N'])}" + (" +pool" if bool(row["prompt_pool"]) else "")
+
+
+def scaling_points(df: pd.DataFrame) -> pd.DataFrame:
+    """One point per run setup of a core decoder (rows with an N): S = new tokens / steps and
+    fed = tokens fed per step, both summed over the setup's rows (a long item weighs by its steps,
+    as in the step compression)."""
+    df = df.copy()
+    df["tree"] = [bool((json.loads(p) or {}).get("tree", False)) if isinstance(p, str) and p else False
+                  for p in df.get("params", pd.Series([None] * len(df), index=df.index))]
+    df = df[(df["steps"].fillna(0) > 0) & df["N"].notna()]  # core decoders' rows: those with an N
+    df["prompt_pool"] = df["prompt_pool"].fillna(False).astype(bool)
+    df["fed_total"] = df["step_tokens_mean"] * df["steps"]
+    grouped = df.groupby(SETUP, dropna=False).agg(
+        items=("item_id", "nunique"), new_tokens=("new_tokens", "sum"), steps=("steps", "sum"),
+        fed_total=("fed_total", "sum")).reset_index()
+    grouped["S"] = grouped["new_tokens"] / grouped["steps"]
+    grouped["fed"] = grouped["fed_total"] / grouped["steps"]
+    grouped["log2_fed"] = np.log2(grouped["fed"])
+    grouped["series"] = grouped.apply(_series, axis=1)
+    return grouped.drop(columns="fed_total").sort_values(["model", "experiment", "series", "fed"], ignore_index=True)
+
+
+def fit_lines(points: pd.DataFrame) -> pd.DataFrame:
+    """Per (model, experiment, series) with at least 3 distinct budgets: the least-squares line of S
+    on log2(fed), its R^2 and the range it was fitted over."""
+    fits = []
+    for (model, experiment, series), group in points.groupby(["model", "experiment", "series"]):
+        x, y = group["log2_fed"].to_numpy(float), group["S"].to_numpy(float)
+        if len(np.unique(x)) < 3:
+            continue
+        slope, intercept = np.polyfit(x, y, 1)
+        residual = float(((y - (intercept + slope * x)) ** 2).sum())
+        total = float(((y - y.mean()) ** 2).sum())
+        fits.append({"model": model, "experiment": experiment, "series": series, "points": len(group),
+                     "slope": float(slope), "intercept": float(intercept),
+                     "r2": 1.0 - residual / total if total > 0 else float("nan"),
+                     "fed_min": float(group["fed"].min()), "fed_max": float(group["fed"].max())})
+    return pd.DataFrame(fits, columns=["model", "experiment", "series", "points", "slope", "intercept", "r2",
+                                       "fed_min", "fed_max"])
+
+
+def plot(points: pd.DataFrame, fits: pd.DataFrame, path: Path) -> None:
+    """One panel per (model, experiment): S against tokens fed per step (log2 axis), points and fits."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = list(points.groupby(["model", "experiment"]))
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
+    for ax, ((model, experiment), group) in zip(axes[0], panels):
+        for series, line in group.groupby("series"):
+            (handle,) = ax.plot(line["fed"], line["S"], "o", label=series)
+            fit = fits[(fits["model"] == model) & (fits["experiment"] == experiment) & (fits["series"] == series)]
+            if len(fit):
+                f = fit.iloc[0]
+                xs = np.linspace(np.log2(f["fed_min"]), np.log2(f["fed_max"]), 20)
+                ax.plot(2 ** xs, f["intercept"] + f["slope"] * xs, "-", color=handle.get_color(), alpha=0.6)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("tokens fed per step")
+        ax.set_ylabel("S (tokens per step)")
+        ax.set_title(f"{model} / {experiment}")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> None:
+    from experiments.reporting.report import load_results
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("dirs", nargs="+", type=Path, help="result directories (their CSVs are read)")
+    parser.add_argument("--out", type=Path, required=True, help="where points.csv, fits.csv, scaling.png go")
+    args = parser.parse_args(argv)
+    rows = load_results(args.dirs)
+    points = scaling_points(rows[rows["decoder"] != rows["baseline"]])
+    fits = fit_lines(points)
+    args.out.mkdir(parents=True, exist_ok=True)
+    points.to_csv(args.out / "points.csv", index=False)
+    fits.to_csv(args.out / "fits.csv", index=False)
+    plot(points, fits, args.out / "scaling.png")
+    print(fits.to_string(index=False))
+
+
+if __name__ == "__main__":
+    main()

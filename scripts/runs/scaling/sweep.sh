@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The scaling law (issue 25, item 1): S against tokens fed per step for the paper's linear branches at
+# W in {2,4,8,16,32,64}, N in {3,5,7}, G = W, with and without the prompt pool, and the token tree
+# (pool, window, suffix and recycled drafts) capped at the linear branch's budget 1 + 2W(N-1).
+# SmolLM2-135M and Qwen2.5-Coder-0.5B; 20 MT-Bench first turns and 20 HumanEval problems spread over
+# categories (seeded); 128 new tokens; greedy; the core's greedy as baseline (every row is checked
+# against it). S is deterministic, so any thread count and load give the same S.
+# Smallest step first: every job resumes, so rerun the script to go on. MODELS=, SETS=, NS=, WS= limit it.
+# Then: python -m experiments.reporting.scaling results/scaling/mtbench results/scaling/humaneval --out results/scaling/report
+set -u
+cd "$(dirname "$0")/../../.."
+models=${MODELS:-smollm2_135m qwen25_coder_05b}
+sets=${SETS:-mtbench humaneval}
+ns=${NS:-3 5 7}
+ws=${WS:-2 4 8 16 32 64}
+for W in $ws; do
+    for N in $ns; do
+        budget=$((1 + 2 * W * (N - 1)))
+        linear="window:$W,ngram:$N,guess:$W"
+        decoders="[{use:lookahead,name:w${W}_n${N},$linear},{use:lookahead,name:w${W}_n${N}_pool,$linear,prompt_pool:true}"
+        decoders+=",{use:lookahead,name:tree_b${budget}_n${N},$linear,prompt_pool:true,tree:true,suffix:4,recycle:4,budget:$budget}]"
+        for model in $models; do
+            for set in $sets; do
+                HF_HUB_OFFLINE=1 python run.py experiment="$set" model="$model" dataset.limit=${LIMIT:-20} \
+                    dataset.order=spread dataset.turns=1 experiment.max_new_tokens=${TOKENS:-128} \
+                    decoding.temperature=0 experiment.score=false threads=${THREADS:-1} baseline=greedy \
+                    "decoders=$decoders" results_dir=${RESULTS:-results/scaling} || exit 1
+            done
+        done
+    done
+done

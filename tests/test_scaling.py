@@ -1,0 +1,49 @@
+"""The scaling-law fit (experiments/reporting/scaling.py) on hand-made rows."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from experiments.reporting.scaling import fit_lines, plot, scaling_points
+
+
+def _rows(series, tree=False, pool=False):
+    """Two items per setup: S and fed per step chosen per W, steps differing per item."""
+    rows = []
+    for W, (S, fed) in series.items():
+        for item, steps in (("a", 10), ("b", 30)):
+            rows.append({"model": "m", "experiment": "e", "decoder": "lookahead", "baseline": "greedy",
+                         "item_id": item, "N": 5, "W": W, "G": W, "prompt_pool": pool,
+                         "params": json.dumps({"tree": tree, "window": W}),
+                         "steps": steps, "new_tokens": S * steps, "step_tokens_mean": fed})
+    return rows
+
+
+def test_a_line_in_log2_fed_is_recovered_exactly():
+    series = {W: (1.0 + 0.4 * np.log2(4.0 * W), 4.0 * W) for W in (2, 4, 8, 16, 32)}
+    baseline = {"model": "m", "experiment": "e", "decoder": "greedy", "baseline": "greedy", "item_id": "a",
+                "N": np.nan, "W": np.nan, "G": np.nan, "prompt_pool": None, "params": "null", "steps": 40,
+                "new_tokens": 40, "step_tokens_mean": 1.0}
+    points = scaling_points(pd.DataFrame(_rows(series) + [baseline]))
+    assert list(points["series"].unique()) == ["window N5"]
+    assert points["S"].tolist() == pytest.approx([series[W][0] for W in (2, 4, 8, 16, 32)])
+    fit = fit_lines(points).iloc[0]
+    assert fit["slope"] == pytest.approx(0.4) and fit["intercept"] == pytest.approx(1.0)
+    assert fit["r2"] == pytest.approx(1.0) and fit["points"] == 5
+
+
+def test_points_weigh_items_by_steps_and_series_are_kept_apart(tmp_path):
+    rows = _rows({4: (2.0, 16.0)}) + _rows({4: (3.0, 16.0), 8: (3.5, 32.0), 16: (3.6, 64.0)}, tree=True, pool=True)
+    rows[1]["new_tokens"] = 4.0 * rows[1]["steps"]  # item b of the window setup: S 4 over 30 steps
+    points = scaling_points(pd.DataFrame(rows))
+    window = points[points["series"] == "window N5"].iloc[0]
+    assert window["S"] == pytest.approx((2.0 * 10 + 4.0 * 30) / 40)
+    fits = fit_lines(points)
+    assert fits["series"].tolist() == ["tree N5 +pool"], "a series with under 3 budgets is not fitted"
+    assert 0 < fits.iloc[0]["r2"] < 1
+    plot(points, fits, tmp_path / "scaling.png")
+    assert (tmp_path / "scaling.png").stat().st_size > 0
