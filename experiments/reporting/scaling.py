@@ -17,6 +17,9 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from matplotlib.figure import Figure
+
+from experiments.reporting.report import load_results
 
 SETUP = ["model", "experiment", "decoder", "N", "W", "G", "prompt_pool", "tree"]
 
@@ -67,14 +70,11 @@ def fit_lines(points: pd.DataFrame) -> pd.DataFrame:
 
 
 def plot(points: pd.DataFrame, fits: pd.DataFrame, path: Path) -> None:
-    """One panel per (model, experiment): S against tokens fed per step (log2 axis), points and fits."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    """One panel per (model, experiment): S against tokens fed per step (log2 axis), points and fits;
+    a figure outside pyplot, as the report draws its own."""
     panels = list(points.groupby(["model", "experiment"]))
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
+    fig = Figure(figsize=(5 * len(panels), 4), layout="tight")
+    axes = fig.subplots(1, len(panels), squeeze=False)
     for ax, ((model, experiment), group) in zip(axes[0], panels):
         for series, line in group.groupby("series"):
             (handle,) = ax.plot(line["fed"], line["S"], "o", label=series)
@@ -88,20 +88,15 @@ def plot(points: pd.DataFrame, fits: pd.DataFrame, path: Path) -> None:
         ax.set_ylabel("S (tokens per step)")
         ax.set_title(f"{model} / {experiment}")
         ax.legend(fontsize=7)
-    fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> None:
-    from experiments.reporting.report import load_results
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("dirs", nargs="+", type=Path, help="result directories (their CSVs are read)")
     parser.add_argument("--out", type=Path, required=True, help="where points.csv, fits.csv, scaling.png go")
     args = parser.parse_args(argv)
-    rows = load_results(args.dirs)
-    points = scaling_points(rows[rows["decoder"] != rows["baseline"]])
+    points = scaling_points(load_results(args.dirs))
     fits = fit_lines(points)
     args.out.mkdir(parents=True, exist_ok=True)
     points.to_csv(args.out / "points.csv", index=False)
