@@ -5,7 +5,9 @@
 # SmolLM2-135M and Qwen2.5-Coder-0.5B; 20 MT-Bench first turns and 20 HumanEval problems spread over
 # categories (seeded); 128 new tokens; greedy; the core's greedy as baseline (every row is checked
 # against it). S is deterministic, so any thread count and load give the same S.
-# Smallest step first: every job resumes, so rerun the script to go on. MODELS=, SETS=, NS=, WS= limit it.
+# One model at a time, N by N, smallest step first, so that each run adds whole lines to the fit. Every job
+# resumes: rerun the script to go on. MODELS=, SETS=, NS=, WS= limit it. On the 2-core CPU the whole grid is
+# about 40 CPU-hours (a 769-token step costs ~28 one-token steps), so it is meant to span sessions.
 # Then: python -m experiments.reporting.scaling results/scaling/mtbench results/scaling/humaneval --out results/scaling/report
 set -u
 cd "$(dirname "$0")/../../.."
@@ -13,13 +15,13 @@ models=${MODELS:-smollm2_135m qwen25_coder_05b}
 sets=${SETS:-mtbench humaneval}
 ns=${NS:-3 5 7}
 ws=${WS:-2 4 8 16 32 64}
-for W in $ws; do
+for model in $models; do
     for N in $ns; do
-        budget=$((1 + 2 * W * (N - 1)))
-        linear="window:$W,ngram:$N,guess:$W"
-        decoders="[{use:lookahead,name:w${W}_n${N},$linear},{use:lookahead,name:w${W}_n${N}_pool,$linear,prompt_pool:true}"
-        decoders+=",{use:lookahead,name:tree_b${budget}_n${N},$linear,prompt_pool:true,tree:true,suffix:4,recycle:4,budget:$budget}]"
-        for model in $models; do
+        for W in $ws; do
+            budget=$((1 + 2 * W * (N - 1)))
+            linear="window:$W,ngram:$N,guess:$W"
+            decoders="[{use:lookahead,name:w${W}_n${N},$linear},{use:lookahead,name:w${W}_n${N}_pool,$linear,prompt_pool:true}"
+            decoders+=",{use:lookahead,name:tree_b${budget}_n${N},$linear,prompt_pool:true,tree:true,suffix:4,recycle:4,budget:$budget}]"
             for set in $sets; do
                 HF_HUB_OFFLINE=1 python run.py experiment="$set" model="$model" dataset.limit=${LIMIT:-20} \
                     dataset.order=spread dataset.turns=1 experiment.max_new_tokens=${TOKENS:-128} \
