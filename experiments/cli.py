@@ -54,8 +54,13 @@ def main(cfg: DictConfig) -> None:
     except ConfigError as err:
         fail(str(err))
     from experiments.job.runner import run_job   # torch and transformers load only now
+    from lookahead_core.parallel import ParallelError
 
-    run_job(settings, adapter, items)
+    try:
+        run_job(settings, adapter, items)
+    except ParallelError as err:   # a rank died or hung: the finished batches' rows are kept
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(1)
 
 
 def run() -> None:

@@ -123,6 +123,15 @@ class LookaheadConfig:
         return 1 if self.pool_only else 1 + (self.window - 1) + (self.ngram - 2) * self.window
 
     @property
+    def parallel_units(self) -> int:
+        """The most pieces one step can be split into over the ranks of lookahead parallelism
+        (``parallel.ShardedLM``): the window's columns and the step's drafts (pool candidates,
+        suffix, recycled and registered sources' drafts); a rank beyond them would feed nothing
+        but the input token."""
+        drafts = self.guess + self.suffix + self.recycle + sum(size for _, size in self.sources)
+        return (self.window if self.uses_window else 0) + drafts
+
+    @property
     def max_tokens_per_step(self) -> int:
         """Upper bound on tokens fed per forward: the budget, or window rows + G*(N-1) + the other
         sources' draft tokens."""

@@ -345,6 +345,33 @@ def init(backend: str | None = None, timeout_s: float = 60.0) -> None:
                             timeout=timeout)
 
 
+def rank() -> int:
+    """This process's rank in the world group (0 when none is initialised)."""
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def agree(values: list[int], what: str) -> list[int]:
+    """Rank 0's ``values`` on every rank (two broadcasts: the count, then the values), so that
+    every rank takes the same decisions from what only rank 0 knows (a job's finished items, its
+    time budget). A rank that does not answer within the group's timeout raises ParallelError."""
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    rank, ranks = dist.get_rank(), dist.get_world_size()
+    count = torch.tensor([len(values)], dtype=torch.long, device=device)
+
+    def broadcast(tensor: torch.Tensor) -> None:
+        try:
+            dist.broadcast(tensor, 0)
+        except (RuntimeError, dist.DistError) as error:
+            raise ParallelError(f"lookahead parallelism, rank {rank} of {ranks}: broadcast of {what} failed: "
+                                f"a rank did not answer within the timeout ({error})") from error
+
+    broadcast(count)
+    data = torch.tensor(values if rank == 0 else [0] * int(count), dtype=torch.long, device=device)
+    if len(data):
+        broadcast(data)
+    return data.tolist()
+
+
 def check_backend(backend: str) -> None:
     """Raise ``ValueError`` if ``backend`` is not built into this torch."""
     available = {"gloo": dist.is_gloo_available, "nccl": dist.is_nccl_available, "mpi": dist.is_mpi_available}

@@ -100,6 +100,14 @@ class JobKeys:
 
 
 @dataclass
+class ParallelConfig:
+    """Lookahead parallelism, under ``torchrun --nproc-per-node P run.py ...`` (P from ``WORLD_SIZE``)."""
+
+    backend: Optional[str] = None          # None: nccl on CUDA, gloo otherwise
+    timeout_s: float = 120.0               # every collective's limit: a dead or hung rank is named, never waited on
+
+
+@dataclass
 class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
@@ -130,6 +138,7 @@ class RunConfig:
     # Modules imported before the decoders are validated, e.g. one that registers a draft source
     # (docs/draft_sources.md); importable from the repository root or the Python path.
     plugins: list[str] = field(default_factory=list)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
 
 def register_configs() -> None:

@@ -13,6 +13,7 @@ import dataclasses
 import hashlib
 import importlib.util
 import json
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
@@ -162,6 +163,14 @@ class RunSettings:
     time_budget: float | None = None
     sandbox: str = "bwrap"                 # how generated code runs (not in the fingerprint: same verdicts)
     batch_size: int = 1                    # items per batch (each decoder decodes a batch in one call)
+    ranks: int = 1                         # lookahead parallelism: torchrun's WORLD_SIZE
+    backend: str | None = None             # its process group's backend (None: nccl on CUDA, else gloo)
+    parallel_timeout_s: float = 120.0      # every collective's limit
+
+    def shares(self, decoder: Decoder) -> bool:
+        """Whether ``decoder``'s steps are split over the ranks (a lookahead decoder of the core,
+        under torchrun); every other decoder runs whole on every rank."""
+        return self.ranks > 1 and getattr(decoder, "config", None) is not None
 
     @property
     def decoders(self) -> tuple[Decoder, ...]:
@@ -188,6 +197,8 @@ class RunSettings:
             payload["item_temperature"] = True
         if self.batch_size != 1:   # left out at 1, so files written before the knob keep their names
             payload["batch_size"] = self.batch_size
+        if self.ranks != 1:        # timings of P ranks never share a file with one process's
+            payload["parallel"] = [self.ranks, self.backend]
         blob = json.dumps(payload, sort_keys=True, default=str)
         # The "h" stops CSV readers from parsing a hash such as "951e9898" as a number.
         return "h" + hashlib.sha1(blob.encode()).hexdigest()[:8]
@@ -274,6 +285,7 @@ def to_settings(cfg: DictConfig, *, device: str | None = None) -> RunSettings:
                               "needs batch_size=1")
     limits = _build("experiment", DecodeLimits, max_new_tokens=run.experiment.max_new_tokens,
                     stop_strings=tuple(run.experiment.stop_strings))
+    ranks = _check_parallel(run, (baseline, *candidates))
 
     root = repo_root()
     try:  # builds the adapter (for its default prompt format) without reading any data
@@ -304,7 +316,68 @@ def to_settings(cfg: DictConfig, *, device: str | None = None) -> RunSettings:
         time_budget=run.time_budget,
         sandbox=run.sandbox,
         batch_size=run.batch_size,
+        ranks=ranks,
+        backend=run.parallel.backend,
+        parallel_timeout_s=run.parallel.timeout_s,
     )
+
+
+BACKENDS = ("gloo", "nccl", "mpi")
+
+
+def world_size() -> int:
+    """The processes torchrun launched (``WORLD_SIZE``; 1 without torchrun)."""
+    value = os.environ.get("WORLD_SIZE", "1")
+    if not value.isdigit() or int(value) < 1:
+        raise ConfigError(f"WORLD_SIZE must be an int >= 1 (torchrun sets it), got {value!r}")
+    return int(value)
+
+
+def _check_parallel(run: RunConfig, decoders: Sequence[Decoder]) -> int:
+    """The number of ranks, once the job can split its steps over them: every lookahead decoder
+    has at least as many pieces to share as there are ranks, and none is ``auto`` (its latency
+    curve and picks are one process's)."""
+    ranks = world_size()
+    parallel = run.parallel
+    _check(parallel.timeout_s > 0, "parallel.timeout_s", "> 0", parallel.timeout_s)
+    _check(parallel.backend is None or parallel.backend in BACKENDS, "parallel.backend",
+           f"null or one of {list(BACKENDS)}", parallel.backend)
+    if ranks == 1:
+        return 1
+    auto = [d.name for d in decoders if d.kind == "auto"]
+    if auto:
+        raise ConfigError(f"decoders: {auto[0]} (kind auto) does not run under lookahead parallelism (its latency "
+                          "curve and picks are one process's); name a core decoder, or run without torchrun")
+    shared = [d for d in decoders if getattr(d, "config", None) is not None]
+    if not shared:
+        raise ConfigError(f"parallel: {ranks} ranks (WORLD_SIZE) but no decoder of this job "
+                          f"({', '.join(d.name for d in decoders)}) has a step to split: lookahead parallelism "
+                          "splits lookahead steps; run without torchrun")
+    for decoder in shared:
+        units = decoder.config.parallel_units
+        if ranks > units:
+            raise ConfigError(f"parallel: {ranks} ranks (WORLD_SIZE) but decoder {decoder.name} splits a step into "
+                              f"at most {units} pieces (window columns and drafts); launch at most {units} "
+                              "processes or give it a wider window or more drafts")
+    return ranks
+
+
+def check_parallel_backend(settings: RunSettings) -> str:
+    """The backend of a parallel job, built into this torch and fit for its device (imports torch,
+    before any model loads)."""
+    import torch
+    from lookahead_core.parallel import check_backend
+
+    cuda = settings.device.startswith("cuda") or (settings.device == "auto" and torch.cuda.is_available())
+    backend = settings.backend or ("nccl" if cuda else "gloo")
+    if backend == "nccl" and not cuda:
+        raise ConfigError(f"parallel.backend: nccl needs CUDA tensors, and this job runs on {settings.device} "
+                          "(without CUDA); use gloo")
+    try:
+        check_backend(backend)
+    except ValueError as err:
+        raise ConfigError(f"parallel.backend: {err}") from None
+    return backend
 
 
 def with_eos(settings: RunSettings, eos_token_ids: tuple[int, ...]) -> RunSettings:
@@ -358,6 +431,8 @@ def plan(cfg: DictConfig) -> tuple[RunSettings, DatasetAdapter, list[Item]]:
     """Validate the config, the installed packages and the data: everything before a model loads."""
     settings = to_settings(cfg)
     check_installed(settings)
+    if settings.ranks > 1:
+        settings = replace(settings, backend=check_parallel_backend(settings))
     adapter = get_dataset(settings.dataset.name, **settings.dataset.options)
     items = load_items(settings, adapter, settings.dataset.limit, settings.dataset.offset)
     _check_prompt_format(items, settings.prompt_format)

@@ -213,13 +213,13 @@ class CoreDecoder(Decoder):
 
         if state is None and self.prior is not None:
             state = DecodeState(cache=None, cached_tokens=[], drafts=self.prior)
-        out = decode(job.lm, ids, self.config, limits, sampling, state=state, tokenizer=job.tokenizer)
+        out = decode(job.lm_for(self), ids, self.config, limits, sampling, state=state, tokenizer=job.tokenizer)
         return Generation(out.tokens, out.state, out.stats)
 
     def generate_batch(self, job, prompts, limits, sampling) -> list[Generation]:
         from lookahead_core import decode_batch
 
-        outs = decode_batch(job.lm, prompts, self.config, limits, sampling, tokenizer=job.tokenizer, prior=self.prior)
+        outs = decode_batch(job.lm_for(self), prompts, self.config, limits, sampling, tokenizer=job.tokenizer, prior=self.prior)
         return [Generation(out.tokens, None, out.stats) for out in outs]
 
 

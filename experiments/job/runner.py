@@ -61,17 +61,21 @@ def run_job(settings: RunSettings, adapter: DatasetAdapter, items: list[Item],
     once the model is loaded, before the warm-up, if anything is left to decode (a preset measures
     with the job's model there instead of loading its own)."""
     settings = replace(settings, device=str(model_loader.resolve_device(settings.device))).resuming()
+    lead = _join(settings)
     plan_keys = {item.item_id: expected_keys(adapter, item, settings) for item in items}
-    store = ResultStore(settings.results_path(), plan_keys)
+    store = ResultStore(settings.results_path(), plan_keys) if lead else None   # rank 0 alone writes rows
+    finished = store.finished if lead else set()
     # Batches are cut from the whole subset and their index (not the position in the to-do list)
     # sets the decoder order, so a resumed run measures each batch exactly as an uninterrupted one would.
     size = settings.batch_size
     batches = [items[start:start + size] for start in range(0, len(items), size)]
-    todo = [(index, batch) for index, batch in enumerate(batches)
-            if any(item.item_id not in store.finished for item in batch)]
+    todo = [index for index, batch in enumerate(batches) if any(item.item_id not in finished for item in batch)]
+    todo = _agree(settings, todo, "the batches left to decode")
     label = f"{settings.experiment}/{settings.model.name}/{settings.config_tag}"
-    print(f"{label}: {len(store.finished)} of {len(items)} items already in {store.path}"
-          + (f" (batches of {size})" if size > 1 else ""))
+    if lead:
+        print(f"{label}: {len(finished)} of {len(items)} items already in {store.path}"
+              + (f" (batches of {size})" if size > 1 else "")
+              + (f" (lookahead parallelism over {settings.ranks} ranks, {settings.backend})" if settings.ranks > 1 else ""))
     if todo:
         started = time.perf_counter()
         job = Job.start(settings, adapter, items)
@@ -79,26 +83,51 @@ def run_job(settings: RunSettings, adapter: DatasetAdapter, items: list[Item],
             decoder.prepare(job)
         if on_start is not None:
             on_start(job)
-        job.warm_up(todo[0][1])
-        progress = Progress(len(items) - len(store.finished), label, settings.baseline.name)
+        job.warm_up(batches[todo[0]])
+        progress = Progress(len(items) - len(finished), label, settings.baseline.name, disable=not lead)
         longest = 0.0
         try:
-            for index, batch in todo:
-                if settings.time_budget and time.perf_counter() - started + longest > settings.time_budget:
-                    print(f"time budget of {settings.time_budget:g} s reached: rerun the command to resume")
+            for index in todo:
+                over = bool(settings.time_budget) and time.perf_counter() - started + longest > settings.time_budget
+                if _agree(settings, [int(over)], "the time budget's verdict")[0]:
+                    if lead:
+                        print(f"time budget of {settings.time_budget:g} s reached: rerun the command to resume")
                     break
                 batch_start = time.perf_counter()
-                rows = [row for row in run_batch(job, batch, index) if row["item_id"] not in store.finished]
-                store.append(rows)
+                rows = [row for row in run_batch(job, batches[index], index) if row["item_id"] not in finished]
+                if lead:       # a batch's rows, whole, once every rank has finished it
+                    store.append(rows)
                 progress.update(rows)
                 longest = max(longest, time.perf_counter() - batch_start)
         finally:
             progress.close()
             job.meter.close()
+    if not lead:
+        return settings.results_path()
     rows = report.load_results([store.path])
     print(report.job_summary(store.path, rows))
     check_lossless(rows, store.path)
     return store.path
+
+
+def _join(settings: RunSettings) -> bool:
+    """Join the process group of a parallel job (torchrun's); whether this process writes the rows
+    (rank 0, or the only process)."""
+    if settings.ranks == 1:
+        return True
+    from lookahead_core import parallel
+
+    parallel.init(settings.backend, settings.parallel_timeout_s)
+    return parallel.rank() == 0
+
+
+def _agree(settings: RunSettings, values: list[int], what: str) -> list[int]:
+    """Rank 0's ``values`` on every rank of a parallel job (the same list otherwise)."""
+    if settings.ranks == 1:
+        return values
+    from lookahead_core import parallel
+
+    return parallel.agree(values, what)
 
 
 class LosslessnessError(RuntimeError):
@@ -219,6 +248,12 @@ class Job:
     pad_token_id: int
     constants: dict[str, Any]
     assistants: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+    sharded: CausalLM | None = None       # lookahead parallelism: the model over the ranks (parallel.ShardedLM)
+
+    def lm_for(self, decoder: Decoder) -> CausalLM:
+        """The model a core decoder decodes with: split over the ranks when the job is parallel
+        and the decoder has steps to split, else this process's own."""
+        return self.sharded if self.sharded is not None and self.settings.shares(decoder) else self.lm
 
     @classmethod
     def start(cls, settings: RunSettings, adapter: DatasetAdapter, items: list[Item]) -> Job:
@@ -238,7 +273,13 @@ class Job:
             "threads": torch.get_num_threads(), "repeats": settings.repeats, "torch": torch.__version__,
             "transformers": transformers.__version__, "git_commit": git_commit(repo_root()),
         }
-        return cls(settings, adapter, items, model, tokenizer, CausalLM(model), ForwardMeter(model), pad, constants)
+        lm = CausalLM(model)
+        sharded = None
+        if settings.ranks > 1:
+            from lookahead_core.parallel import ShardedLM
+
+            sharded = ShardedLM(model, drafters=lm.drafters)
+        return cls(settings, adapter, items, model, tokenizer, lm, ForwardMeter(model), pad, constants, sharded=sharded)
 
     @staticmethod
     def _load(settings: RunSettings, spec: str) -> tuple[Any, Any]:
@@ -412,7 +453,8 @@ def _turn_rows(job: Job, item: Item, turn: int, results: dict[str, Timed], answe
         timed = results[decoder.name]
         tokens = timed.output.tokens
         text = answers[decoder.name][turn - 1]
-        if settings.score and tuple(tokens) not in scores:  # same tokens, same score: run the sandbox once
+        scoring = settings.score and (job.sharded is None or job.sharded.rank == 0)   # rank 0 writes the rows
+        if scoring and tuple(tokens) not in scores:  # same tokens, same score: run the sandbox once
             scores[tuple(tokens)] = score(job.adapter, item, text, settings.prompt_format, settings.sandbox)
         row = make_row(job, item, turn, decoder, timed, sampling.temperature, order.index(decoder))
         row.update(compare_to_baseline(job.lm, prompts, settings.baseline.name, decoder.name, baseline, tokens,
@@ -440,6 +482,7 @@ def make_row(job: Job, item: Item, turn: int, decoder: Decoder, timed: Timed, te
         "baseline": decoder is job.settings.baseline,
         "temperature": temperature,                   # the item's own with item_temperature
         "order": order,
+        "lp_ranks": job.settings.ranks if job.settings.shares(decoder) else 1,
         "load_avg": round(os.getloadavg()[0], 2),
         **decoder.columns(),
         "prompt_tokens": timed.prompt_tokens,
@@ -455,6 +498,8 @@ def make_row(job: Job, item: Item, turn: int, decoder: Decoder, timed: Timed, te
         "tokens_per_s": new / decode_s if decode_s > 0 else None,
         "model_s": timed.model_s,
         "overhead_frac": 1.0 - timed.model_s / decode_s if decode_s > 0 else None,
+        # in the collectives of lookahead parallelism (part of decode_s, not of model_s)
+        "comm_s": stats.comm_seconds if stats is not None and job.settings.shares(decoder) else None,
     }
     if stats is not None:   # the core's own record of each step
         row.update(
@@ -543,8 +588,8 @@ def git_commit(root: Path) -> str:
 class Progress:
     """A tqdm bar over items showing each decoder's running speedup over the baseline (display only)."""
 
-    def __init__(self, total: int, description: str, baseline: str) -> None:
-        self.bar = tqdm(total=total, desc=description, unit="item")
+    def __init__(self, total: int, description: str, baseline: str, disable: bool = False) -> None:
+        self.bar = tqdm(total=total, desc=description, unit="item", disable=disable)
         self.baseline = baseline
         self.seconds: dict[str, float] = {}
 
