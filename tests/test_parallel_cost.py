@@ -75,3 +75,31 @@ def test_costly_communication_makes_more_ranks_slower() -> None:
                 "all_gather_fit": {"alpha": 5e-3, "beta": 1e9}}
     table = project(measured, scaling_rows(), "curve_gpu", [1, 2, 4, 8])
     assert table.speedup.iloc[-1] < table.speedup.iloc[0]
+
+
+def test_measure_writes_every_piece_on_two_ranks(tmp_path) -> None:
+    """``measure`` under torchrun (two gloo ranks, a tiny model): curves, all-gathers, re-feed and copy."""
+    import json
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from experiments.data.datasets import repo_root
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "measured.json"
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+               "--master-port", str(port), "-m", "experiments.presets.parallel", "measure", "--model", "tiny-llama",
+               "--kv-length", "16", "--repeats", "1", "--out", str(out)]
+    done = subprocess.run(command, cwd=repo_root(), capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = json.loads(out.read_text())
+    for curve in ("curve_alone", "curve_two_threads", "curve_both"):
+        assert [r["tokens"] for r in CostModel.from_rows(record[curve]).to_rows()][-1] == 256
+    assert len(record["all_gather"]) == 15 and record["all_gather_fit"]["beta"] > 0
+    assert [(r["W"], r["accepted"]) for r in record["refeed_vs_copy"]] == [(w, a) for w in (7, 15, 31) for a in (1, 2, 3, 4)]
+    assert all(r["copy_s"] > 0 for r in record["refeed_vs_copy"])

@@ -108,7 +108,7 @@ def kv_bytes_per_token(config, dtype_bytes: int = 4) -> int:
     return 2 * config.num_hidden_layers * heads * head_dim * dtype_bytes
 
 
-def measure(out: Path, model_name: str, kv_length: int, repeats: int) -> None:
+def measure(out: Path, model_name: str, kv_length: int, repeats: int, device: str = "cpu") -> None:
     import torch
     import torch.distributed as dist
 
@@ -123,10 +123,14 @@ def measure(out: Path, model_name: str, kv_length: int, repeats: int) -> None:
     if ranks != 2:
         raise SystemExit("measure runs on two ranks: torchrun --nproc-per-node 2 -m experiments.presets.parallel measure")
     torch.set_num_threads(1)
-    model, _ = load_model(model_name, dtype="float32", device="cpu")
+    # On a GPU both ranks share the one device: its curve is rank 0's alone, and the collectives run
+    # over gloo from host memory, the device-to-host copy of what is sent and back included.
+    cuda = device.startswith("cuda")
+    dtype = "float16" if cuda else "float32"
+    model, _ = load_model(model_name, dtype=dtype, device=device)
     lm = CausalLM(model)
-    record: dict = {"model": model_name, "kv_length": kv_length, "vocab": model.config.vocab_size,
-                    "kv_bytes_per_token": kv_bytes_per_token(model.config), "torch": torch.__version__}
+    record: dict = {"model": model_name, "device": device, "dtype": dtype, "kv_length": kv_length, "vocab": model.config.vocab_size,
+                    "kv_bytes_per_token": kv_bytes_per_token(model.config, 2 if cuda else 4), "torch": torch.__version__}
 
     def save() -> None:
         if rank == 0:
@@ -141,23 +145,33 @@ def measure(out: Path, model_name: str, kv_length: int, repeats: int) -> None:
 
     if rank == 0:
         curve("alone")                                    # rank 1 waits in the barrier: its core idles
-        torch.set_num_threads(2)
-        curve("two_threads")
-        torch.set_num_threads(1)
+        if not cuda:
+            torch.set_num_threads(2)
+            curve("two_threads")
+            torch.set_num_threads(1)
     dist.barrier()
-    curve("both")                                          # both ranks compute at once, as P = 2 does
+    if not cuda:
+        curve("both")                                      # both ranks compute at once, as P = 2 does
     dist.barrier()
+
+    def gather(parts: list, mine) -> float:
+        """Seconds of one all-gather of ``mine`` (from the device and back, on a GPU)."""
+        dist.barrier()
+        start = time.perf_counter()
+        if cuda:
+            here = mine.to(device).cpu()
+            dist.all_gather(parts, here)
+            [p.to(device) for p in parts]
+            torch.cuda.synchronize()
+        else:
+            dist.all_gather(parts, mine)
+        return time.perf_counter() - start
 
     points = []
     for nbytes in (2 ** e for e in range(12, 27)):         # 4 KB .. 64 MB per rank
         mine = torch.zeros(nbytes // 4)
         parts = [torch.empty_like(mine) for _ in range(ranks)]
-        times = []
-        for _ in range(repeats + 1):
-            dist.barrier()
-            start = time.perf_counter()
-            dist.all_gather(parts, mine)
-            times.append(time.perf_counter() - start)
+        times = [gather(parts, mine) for _ in range(repeats + 1)]
         points.append((nbytes, statistics.median(times[1:])))
     record["all_gather"] = points
     print(f"rank {rank}: all-gathers timed", flush=True)
@@ -178,19 +192,19 @@ def measure(out: Path, model_name: str, kv_length: int, repeats: int) -> None:
     def forward(k: int, logit_rows: int) -> float:
         tokens = torch.randint(0, vocab, (k,), generator=gen).tolist()
         offs, _ = causal_layout(k)
+        if cuda:
+            torch.cuda.synchronize()
         start = time.perf_counter()
         lm.forward_batch(cache, [Feed(tokens, offs, None, kv_length, torch.arange(logit_rows))])
+        if cuda:
+            torch.cuda.synchronize()
         elapsed = time.perf_counter() - start
         truncate_kv(cache, kv_length)
         return elapsed
 
     def copy(nbytes: int) -> float:
         mine = torch.zeros(nbytes // 4)
-        parts = [torch.empty_like(mine) for _ in range(ranks)]
-        dist.barrier()
-        start = time.perf_counter()
-        dist.all_gather(parts, mine)
-        return time.perf_counter() - start
+        return gather([torch.empty_like(mine) for _ in range(ranks)], mine)
 
     rows = []
     for window in (7, 15, 31):
@@ -374,7 +388,8 @@ def project(measured: dict, scaling_rows: pd.DataFrame, curve_name: str, ranks: 
             if p > window + window:                    # more ranks than pieces: not a valid split
                 continue
             seconds = step_seconds(curve, comm, window, ngram, window, p, measured["vocab"],
-                                   measured["kv_bytes_per_token"], s, curve.host_seconds)
+                                   measured["kv_bytes_per_token"], s, curve.host_seconds,
+                                   dtype_bytes=2 if measured.get("dtype") == "float16" else 4)
             out.append({"experiment": experiment, "model": model, "decoder": decoder, "W": window, "N": ngram,
                         "S": s, "P": p, "step_ms": 1e3 * seconds, "speedup": s * greedy / seconds})
     table = pd.DataFrame(out)
@@ -391,6 +406,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     m.add_argument("--model", default="smollm2_135m")
     m.add_argument("--kv-length", type=int, default=256)
     m.add_argument("--repeats", type=int, default=5)
+    m.add_argument("--device", default="cpu", help="cpu, or cuda (the GPU check: both ranks on one GPU)")
     m.add_argument("--out", type=Path, default=Path("results/parallel/cpu/measured.json"))
     r = sub.add_parser("report", help="the step-time table of scripts/runs/parallel/cpu.sh's rows")
     r.add_argument("root", type=Path)
@@ -402,7 +418,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     j.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     if args.command == "measure":
-        measure(args.out, args.model, args.kv_length, args.repeats)
+        measure(args.out, args.model, args.kv_length, args.repeats, args.device)
     elif args.command == "report":
         report(args.root)
     else:
