@@ -314,6 +314,8 @@ def predicted(table: pd.DataFrame, measured: dict) -> pd.DataFrame:
 
 
 def report(root: Path) -> Path:
+    from experiments.reporting.tables import markdown
+
     table = step_table(load_setups(root))
     measured_path = root / "measured.json"
     if measured_path.is_file():
@@ -326,11 +328,10 @@ def report(root: Path) -> Path:
     for column in ("speedup", "S", "model_error", "ratio", "predicted_ratio"):
         if column in shown:
             shown[column] = shown[column].map(lambda v: f"{v:+.0%}" if column == "model_error" else f"{v:.2f}")
-    lines = ["| " + " | ".join(shown.columns) + " |", "|" + "---|" * len(shown.columns)]
-    lines += ["| " + " | ".join(str(v) for v in row) + " |" for row in shown.itertuples(index=False)]
-    (root / "table.md").write_text("\n".join(lines) + "\n")
+    text = markdown(shown)
+    (root / "table.md").write_text(text + "\n")
     figure = plot_split(table, root / "step_split.png")
-    print("\n".join(lines))
+    print(text)
     print(f"wrote {root / 'table.csv'}, {root / 'table.md'}, {figure}")
     return root / "table.csv"
 
