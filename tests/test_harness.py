@@ -620,3 +620,13 @@ def test_medusa_decoders_load_their_heads_and_match_greedy_or_say_how_to_train_t
         run(tmp_path / "again", *MTBENCH, "decoders=[medusa]")
     with pytest.raises(ValueError, match="heads: .* holds no Medusa heads"):
         run(tmp_path / "bad", *MTBENCH, f"decoders=[{{use:medusa,heads:'{tmp_path / 'nowhere'}'}}]")
+
+
+def test_the_first_timed_call_counts_no_probe_forwards(tmp_path: Path) -> None:
+    """Even with ``warmup=0`` the capability probe runs when the job starts, untimed: every core
+    row's ``steps`` (forwards after the prefill) is the loop's own count of its steps."""
+    df = read_rows(run(tmp_path, *MTBENCH, "dataset.turns=1", "decoders=[lookahead]"))
+    core = df[df.step_log.notna()]
+    assert len(core) == 2 * 2
+    for row in core.itertuples():
+        assert row.steps == len(json.loads(row.step_log)["fed"]), (row.item_id, row.decoder)

@@ -35,6 +35,7 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from lookahead_core import CausalLM, DecodeLimits, DecodeState, SamplingConfig, divergence
+from lookahead_core.capability import probe
 from experiments.models import loader as model_loader
 
 from experiments.reporting import report
@@ -274,6 +275,8 @@ class Job:
             "transformers": transformers.__version__, "git_commit": git_commit(repo_root()),
         }
         lm = CausalLM(model)
+        if any(d.kind in ("core", "auto") for d in settings.decoders):
+            probe(lm)      # the capability probe's forwards, once per model, before any call is timed
         sharded = None
         if settings.ranks > 1:
             from lookahead_core.parallel import ShardedLM
