@@ -275,7 +275,7 @@ class Job:
             "transformers": transformers.__version__, "git_commit": git_commit(repo_root()),
         }
         lm = CausalLM(model)
-        if any(d.kind in ("core", "auto") for d in settings.decoders):
+        if any(getattr(d, "config", None) is not None or d.kind == "auto" for d in settings.decoders):
             probe(lm)      # the capability probe's forwards, once per model, before any call is timed
         sharded = None
         if settings.ranks > 1:
