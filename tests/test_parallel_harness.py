@@ -136,3 +136,15 @@ def test_one_process_keeps_its_results_file(monkeypatch) -> None:
     plain = to_settings(settings_under(monkeypatch, 1, f"decoders=[{LOOKAHEAD}]"))
     assert one.ranks == 1 and two.ranks == 2
     assert one.fingerprint() == plain.fingerprint() != two.fingerprint()
+
+
+def test_a_torchrun_batch_job_splits_decode_batch(tmp_path: Path) -> None:
+    """``batch_size=2`` under two ranks: ``decode_batch``'s steps are split, every row equals greedy."""
+    results = tmp_path / "raw"
+    done = torchrun(2, "dataset.limit=2", "batch_size=2", f"results_dir={results}",
+                    "decoders=[{use:lookahead,window:3,ngram:3,guess:3,prompt_pool:true}]")
+    assert done.returncode == 0, done.stderr[-3000:]
+    df = rows(results)
+    sharded = df[df.decoder == "lookahead"]
+    assert len(df) == 4 and (sharded.lp_ranks == 2).all() and (sharded.batch_size == 2).all()
+    assert sharded.matches_greedy.all() and (sharded.comm_s > 0).all()
