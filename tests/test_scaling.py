@@ -47,3 +47,16 @@ def test_points_weigh_items_by_steps_and_series_are_kept_apart(tmp_path):
     assert 0 < fits.iloc[0]["r2"] < 1
     plot(points, fits, tmp_path / "scaling.png")
     assert (tmp_path / "scaling.png").stat().st_size > 0
+
+
+def test_a_results_file_with_only_its_header_leaves_the_points_alone(tmp_path):
+    """A job killed before its first item leaves a header alone; the sweep's report reads past it."""
+    from experiments.reporting.report import load_results
+    from experiments.rows.schema import COLUMNS
+
+    rows = pd.DataFrame(_rows({4: (2.0, 16.0), 8: (2.5, 32.0)}))
+    full = pd.DataFrame(columns=list(COLUMNS))
+    pd.concat([full, rows], ignore_index=True).to_csv(tmp_path / "a.csv", index=False)
+    full.to_csv(tmp_path / "b.csv", index=False)
+    points = scaling_points(load_results([tmp_path]))
+    assert points["S"].tolist() == pytest.approx([2.0, 2.5])

@@ -78,7 +78,9 @@ def load_results(paths: Iterable[str | Path]) -> pd.DataFrame:
         raise FileNotFoundError(f"no result CSVs under {list(map(str, paths))}")
     frames = [pd.read_csv(path, dtype={column: str for column in TEXT_COLUMNS + BOOL_COLUMNS},
                           keep_default_na=False, na_values=[""]) for path in files]
-    df = pd.concat(frames, ignore_index=True)
+    # A job killed before its first item leaves a header alone; its all-empty columns would turn
+    # every numeric column of the others into objects.
+    df = pd.concat([frame for frame in frames if len(frame)] or frames[:1], ignore_index=True)
     for column in COLUMNS:
         if column not in df:
             df[column] = pd.Series([None] * len(df), dtype=object if column in TEXT_COLUMNS + BOOL_COLUMNS else float)
