@@ -7,7 +7,9 @@
 # against it). S is deterministic, so any thread count and load give the same S.
 # One model at a time, N by N, smallest step first, so that each run adds whole lines to the fit. Every job
 # resumes: rerun the script to go on. MODELS=, SETS=, NS=, WS= limit it. On the 2-core CPU the whole grid is
-# about 40 CPU-hours (a 769-token step costs ~28 one-token steps), so it is meant to span sessions.
+# about 70 CPU-hours (SmolLM2 ~20, Qwen ~50: a 769-token step costs ~28 one-token steps), so it spans
+# sessions (run one model per core: MODELS=smollm2_135m and MODELS=qwen25_coder_05b side by side); on a
+# GPU it takes minutes (see results/scaling/README.md).
 # Then: python -m experiments.reporting.scaling results/scaling/mtbench results/scaling/humaneval --out results/scaling/report
 set -u
 cd "$(dirname "$0")/../../.."
