@@ -281,7 +281,8 @@ class Job:
         if settings.ranks > 1:
             from lookahead_core.parallel import ShardedLM
 
-            sharded = ShardedLM(model, drafters=lm.drafters)
+            sharded = ShardedLM(model)
+            sharded.drafters = lm.drafters      # one dict: drafters a decoder's prepare() loads serve both
         return cls(settings, adapter, items, model, tokenizer, lm, ForwardMeter(model), pad, constants, sharded=sharded)
 
     @staticmethod
