@@ -6,9 +6,9 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from experiments.presets.parallel import AllGather, chains, project, rank_load, step_seconds
+from experiments.presets.parallel import AllGather, project, rank_load, step_seconds
 from lookahead_core.cost.curve import CostModel
-from lookahead_core.layout import step_layout
+from lookahead_core.layout import chains, step_layout
 
 
 def test_chains_are_linear_branches() -> None:

@@ -48,15 +48,10 @@ CURVE_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256)
 # The model of a split step
 
 
-def chains(count: int, length: int) -> tuple[int, ...]:
-    """Tree parents of ``count`` candidate branches of ``length`` tokens each (the linear branches)."""
-    return tuple(p for c in range(count) for p in [-1, *range(c * length, c * length + length - 1)])
-
-
 def rank_load(window: int, ngram: int, candidates: int, ranks: int) -> tuple[int, int]:
     """(most rows a rank feeds, most logit rows a rank owns) of a warmed-up linear step of a
     ``window``-column, ``ngram`` window with ``candidates`` branches, split over ``ranks``."""
-    from lookahead_core.layout import step_layout
+    from lookahead_core.layout import chains, step_layout
     from lookahead_core.parallel import shard_rows
 
     layout = step_layout(window, ngram - 1, chains(candidates, ngram - 1))
@@ -270,7 +265,7 @@ def step_table(rows: pd.DataFrame) -> pd.DataFrame:
             out.append({
                 "experiment": experiment, "setup": setup, "P": int(group.P.iloc[0]),
                 "threads": int(group.threads_per_rank.iloc[0]), "decoder": decoder,
-                "W": group.W.iloc[0], "items": group.item_id.nunique(),
+                "W": group.W.iloc[0], "N": group.N.iloc[0], "items": group.item_id.nunique(),
                 "tok_s": group.new_tokens.sum() / group.decode_s.sum(),
                 "speedup": group.new_tokens.sum() / group.decode_s.sum() / base_tps,
                 "S": (group.new_tokens.sum() - len(group)) / steps,
@@ -288,6 +283,7 @@ def predicted(table: pd.DataFrame, measured: dict) -> pd.DataFrame:
     """The cost model's step time beside the measured one, per row of :func:`step_table` (greedy:
     one token fed; a lookahead step: the mean number of candidates its steps fed, the accepted
     tokens' KV at the measured S)."""
+    from lookahead_core import LookaheadConfig
     from lookahead_core.cost.curve import CostModel
 
     curves = {"p1_t1": "curve_alone", "p1_t2": "curve_two_threads", "p2_t1": "curve_both"}
@@ -298,10 +294,10 @@ def predicted(table: pd.DataFrame, measured: dict) -> pd.DataFrame:
         if pd.isna(row.W):
             seconds = curve.latency(1, 1)
         else:
-            window = int(row.W)
-            layout_rows = 1 + (window - 1) + 3 * window            # N = 5: the warmed-up window
-            candidates = max(0, round((row.fed_mean - layout_rows) / 4))
-            seconds = step_seconds(curve, comm, window, 5, min(candidates, window), row.P, measured["vocab"],
+            window, ngram = int(row.W), int(row.N)
+            layout_rows = LookaheadConfig(window=window, ngram=ngram, guess=window).window_rows
+            candidates = max(0, round((row.fed_mean - layout_rows) / (ngram - 1)))
+            seconds = step_seconds(curve, comm, window, ngram, min(candidates, window), row.P, measured["vocab"],
                                    measured["kv_bytes_per_token"], row.S)
         out.append(1e3 * seconds)
     table = table.assign(predicted_ms=out, model_error=[p / m - 1 for p, m in zip(out, table.step_ms)])
