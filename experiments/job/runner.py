@@ -35,7 +35,7 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from lookahead_core import CausalLM, DecodeLimits, DecodeState, SamplingConfig, divergence
-from lookahead_core.capability import probe
+from lookahead_core.capability import branching, probe
 from experiments.models import loader as model_loader
 
 from experiments.reporting import report
@@ -275,7 +275,7 @@ class Job:
             "transformers": transformers.__version__, "git_commit": git_commit(repo_root()),
         }
         lm = CausalLM(model)
-        if any(getattr(d, "config", None) is not None or d.kind == "auto" for d in settings.decoders):
+        if any(d.kind == "auto" or branching(getattr(d, "config", None)) for d in settings.decoders):
             probe(lm)      # the capability probe's forwards, once per model, before any call is timed
         sharded = None
         if settings.ranks > 1:
@@ -452,12 +452,12 @@ def _turn_rows(job: Job, item: Item, turn: int, results: dict[str, Timed], answe
     settings = job.settings
     baseline = results[settings.baseline.name].output.tokens
     scores: dict[tuple[int, ...], dict[str, Any]] = {}
+    scoring = settings.score and (job.sharded is None or job.sharded.rank == 0)   # rank 0 writes the rows
     rows = []
     for decoder in settings.decoders:
         timed = results[decoder.name]
         tokens = timed.output.tokens
         text = answers[decoder.name][turn - 1]
-        scoring = settings.score and (job.sharded is None or job.sharded.rank == 0)   # rank 0 writes the rows
         if scoring and tuple(tokens) not in scores:  # same tokens, same score: run the sandbox once
             scores[tuple(tokens)] = score(job.adapter, item, text, settings.prompt_format, settings.sandbox)
         row = make_row(job, item, turn, decoder, timed, sampling.temperature, order.index(decoder))
