@@ -170,7 +170,7 @@ class RunSettings:
     def shares(self, decoder: Decoder) -> bool:
         """Whether ``decoder``'s steps are split over the ranks (a lookahead decoder of the core,
         under torchrun); every other decoder runs whole on every rank."""
-        return self.ranks > 1 and getattr(decoder, "config", None) is not None
+        return self.ranks > 1 and decoder.lookahead is not None
 
     @property
     def decoders(self) -> tuple[Decoder, ...]:
@@ -348,7 +348,7 @@ def _check_parallel(run: RunConfig, decoders: Sequence[Decoder]) -> int:
     if auto:
         raise ConfigError(f"decoders: {auto[0]} (kind auto) does not run under lookahead parallelism (its latency "
                           "curve and picks are one process's); name a core decoder, or run without torchrun")
-    shared = [d for d in decoders if getattr(d, "config", None) is not None]
+    shared = [d for d in decoders if d.lookahead is not None]
     if not shared:
         raise ConfigError(f"parallel: {ranks} ranks (WORLD_SIZE) but no decoder of this job "
                           f"({', '.join(d.name for d in decoders)}) has a step to split: lookahead parallelism "

@@ -73,6 +73,12 @@ class Decoder:
     def params_schema(cls) -> type:
         return cls.Params
 
+    @property
+    def lookahead(self) -> LookaheadConfig | None:
+        """The core's lookahead config this decoder decodes with; None: no lookahead step (greedy,
+        plain sampling, transformers' decoders)."""
+        return None
+
     def tag(self) -> str:
         """A readable name for result files, e.g. ``la_N4W5G5``, ``hf_pld_k3``."""
         return self.name
@@ -176,6 +182,10 @@ class CoreDecoder(Decoder):
         self.config = lookahead_config(params, seed)    # validates (ValueError names the field)
         if params.heads and not (Path(params.heads).expanduser() / "config.json").is_file():
             raise ValueError(f"heads: {params.heads!r} holds no Medusa heads (no config.json there)")
+
+    @property
+    def lookahead(self) -> LookaheadConfig | None:
+        return self.config
 
     # Every field beyond the paper's linear lookahead (trees, the other sources, budgets, costs, the
     # heads' folder): in the fingerprint only when set, so a field added later leaves earlier

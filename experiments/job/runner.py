@@ -275,7 +275,7 @@ class Job:
             "transformers": transformers.__version__, "git_commit": git_commit(repo_root()),
         }
         lm = CausalLM(model)
-        if any(d.kind == "auto" or branching(getattr(d, "config", None)) for d in settings.decoders):
+        if any(d.kind == "auto" or branching(d.lookahead) for d in settings.decoders):
             probe(lm)      # the capability probe's forwards, once per model, before any call is timed
         sharded = None
         if settings.ranks > 1:

@@ -46,13 +46,11 @@ def draft_reliability(df: pd.DataFrame) -> pd.DataFrame:
 def plot_reliability(table: pd.DataFrame, path: Path, title: str) -> None:
     """A reliability diagram per draft source: observed against predicted acceptance per decile of
     the estimate (marker area: nodes tried), one line per decoder, the diagonal = calibrated."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure            # outside pyplot: no backend switch, nothing global
 
     sources = sorted(table["source"].unique())
-    fig, axes = plt.subplots(1, len(sources), figsize=(3.6 * len(sources), 3.6), squeeze=False, sharey=True)
+    fig = Figure(figsize=(3.6 * len(sources), 3.6), layout="tight")
+    axes = fig.subplots(1, len(sources), squeeze=False, sharey=True)
     for ax, source in zip(axes[0], sources):
         ax.plot([0, 1], [0, 1], color="grey", lw=0.8, ls="--")
         for decoder, part in table[table["source"] == source].groupby("decoder"):
@@ -62,6 +60,4 @@ def plot_reliability(table: pd.DataFrame, path: Path, title: str) -> None:
         ax.legend(fontsize=6, loc="upper left")
     axes[0][0].set_ylabel("observed acceptance")
     fig.suptitle(f"{title}: draft estimates, predicted vs observed", fontsize=9)
-    fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
