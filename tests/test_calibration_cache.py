@@ -33,7 +33,7 @@ class Measure:
 
 def test_every_field_of_the_key_names_another_curve(tmp_path: Path) -> None:
     changed = {"model": "qwen25_coder_05b", "dtype": "bfloat16", "device": "cuda:NVIDIA H200", "threads": 2,
-               "attention": "eager", "batch": 4, "kv_length": 512}
+               "attention": "eager", "batch": 4, "kv_length": 512, "linear": "stream"}
     assert {f.name for f in fields(autotune.CurveKey)} == set(changed)
     paths = {KEY.path(tmp_path)} | {replace(KEY, **{name: value}).path(tmp_path) for name, value in changed.items()}
     assert len(paths) == len(changed) + 1

@@ -269,3 +269,28 @@ def test_tree_fields_at_their_defaults_keep_old_results_paths() -> None:
 def test_the_joblib_launcher_is_available() -> None:
     cfg = compose_config("hydra/launcher=joblib", hydra=True)
     assert "joblib" in cfg.hydra.launcher._target_.lower()
+
+
+def test_model_linear_is_refused_where_the_kernel_cannot_run_before_any_model_loads() -> None:
+    with pytest.raises(ConfigError, match="model.linear must be auto or stock unless the job runs on the cpu in float32"):
+        to_settings(compose_config("model=tiny_llama", "model.linear=stream", "model.dtype=bfloat16"), device="cpu")
+    with pytest.raises(ConfigError, match="model.linear must be auto or stock unless .* device cuda"):
+        to_settings(compose_config("model=tiny_llama", "model.linear=stream"), device="cuda")
+    with pytest.raises(Exception, match="model.linear=fast"):           # not one of auto, stream, stock: at compose
+        compose_config("model=tiny_llama", "model.linear=fast")
+    assert to_settings(compose_config("model=tiny_llama", "model.linear=stream"), device="cpu").model.linear.value == "stream"
+
+
+def test_model_linear_stock_resumes_the_files_written_before_the_key() -> None:
+    """The scaling sweep's first job (scripts/runs/scaling/sweep.sh, committed under results/scaling)
+    keeps its file under model.linear=stock; the default (auto) names a file of its own."""
+    linear = "window:2,ngram:3,guess:2"
+    decoders = (f"decoders=[{{use:lookahead,name:w2_n3,{linear}}},{{use:lookahead,name:w2_n3_pool,{linear},prompt_pool:true}}"
+                f",{{use:lookahead,name:tree_b9_n3,{linear},prompt_pool:true,tree:true,suffix:4,recycle:4,budget:9}}]")
+    overrides = ["experiment=mtbench", "model=smollm2_135m", "dataset.limit=20", "dataset.order=spread", "dataset.turns=1",
+                 "experiment.max_new_tokens=128", "decoding.temperature=0", "experiment.score=false", "threads=1",
+                 "baseline=greedy", decoders, "results_dir=results/scaling"]
+    stock = to_settings(compose_config(*overrides, "model.linear=stock"), device="cpu")
+    committed = repo_root() / "results/scaling/mtbench/smollm2_135m/w2_n3+w2_n3_pool+tree_b9_n3-h6e1d733b-s0.csv"
+    assert stock.results_path() == committed and committed.is_file()
+    assert to_settings(compose_config(*overrides), device="cpu").fingerprint() != stock.fingerprint()

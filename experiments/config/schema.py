@@ -34,6 +34,14 @@ class Attention(str, Enum):
     flex_attention = "flex_attention"
 
 
+class LinearKernel(str, Enum):
+    """How the model's linear layers run (lookahead_core/kernels, docs/cpu_kernels.md)."""
+
+    auto = "auto"       # stream where it can run (CPU with AVX-512, float32), else stock
+    stream = "stream"   # the weight-streaming kernel for steps of at most 12 rows; refused where it cannot run
+    stock = "stock"     # PyTorch's own (MKL on CPUs)
+
+
 class DataSource(str, Enum):
     auto = "auto"   # local file, else the Hugging Face hub (slow to fail offline)
     local = "local"
@@ -54,6 +62,7 @@ class ModelConfig:
     spec: str = MISSING                    # offline name, tiny-<arch>, local folder or hub id
     dtype: DType = DType.float32
     attn_implementation: Attention = Attention.sdpa
+    linear: LinearKernel = LinearKernel.auto
     extra_eos_token_ids: list[int] = field(default_factory=list)   # e.g. Llama 3's <|eot_id|>
     cache_dir: Optional[str] = None        # None: the loader's default ($LOOKAHEAD_CACHE)
     packages: list[str] = field(default_factory=list)   # import names that ship its weights (checked first)

@@ -26,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from experiments.config.errors import ConfigError, one_line
-from experiments.config.schema import DatasetConfig, JobKeys, ModelConfig, RunConfig
+from experiments.config.schema import DatasetConfig, DType, JobKeys, LinearKernel, ModelConfig, RunConfig
 from experiments.data.datasets import DATASETS, DatasetAdapter, Item, PromptFormat, get_dataset, repo_root
 from experiments.decoders.registry import DECODERS, Decoder
 from experiments.grading import sandbox
@@ -182,7 +182,7 @@ class RunSettings:
         It names the results file, so a rerun of the same command resumes it and a run with other
         settings (``max_new_tokens``, dtype, ...) never mixes its rows into it.
         """
-        skip = ("name", "cache_dir", "packages", "install")
+        skip = ("name", "cache_dir", "packages", "install", "linear")
         payload = {
             "model": {k: _plain(v) for k, v in asdict(self.model).items() if k not in skip},
             "experiment": self.experiment,
@@ -193,6 +193,8 @@ class RunSettings:
             "limits": [self.limits.max_new_tokens, list(self.limits.stop_strings)],
             "run": [self.device, self.repeats, self.threads, self.score],
         }
+        if self.model.linear is not LinearKernel.stock:   # left out for stock: files from before the knob keep their names
+            payload["linear"] = self.model.linear.value
         if self.item_temperature:
             payload["item_temperature"] = True
         if self.batch_size != 1:   # left out at 1, so files written before the knob keep their names
@@ -254,6 +256,11 @@ def to_settings(cfg: DictConfig, *, device: str | None = None) -> RunSettings:
     _check(run.time_budget is None or run.time_budget > 0, "time_budget", "> 0 or null", run.time_budget)
     _check(run.sandbox in sandbox.MODES, "sandbox", f"one of {list(sandbox.MODES)}", run.sandbox)
     _check(run.batch_size >= 1, "batch_size", ">= 1", run.batch_size)
+    if run.model.linear is LinearKernel.stream:
+        where = device or run.device
+        _check(where in ("cpu", "auto") and run.model.dtype is DType.float32, "model.linear",
+               "auto or stock unless the job runs on the cpu in float32 (the streaming kernel is a float32 CPU "
+               f"kernel; this job: device {where}, dtype {run.model.dtype.value})", run.model.linear.value)
     _check(dataset.name in DATASETS, "dataset.name", f"one of {sorted(DATASETS)}", dataset.name)
     _check(dataset.limit is None or dataset.limit >= 0, "dataset.limit", ">= 0 or null", dataset.limit)
     _check(dataset.offset >= 0, "dataset.offset", ">= 0", dataset.offset)

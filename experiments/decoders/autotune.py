@@ -9,7 +9,7 @@ What a calibration measures is also kept for other jobs, outside the repository,
 :func:`cache_root` (``$LOOKAHEAD_CALIBRATION_CACHE``, default ``<model cache>/calibration``):
 
 * ``latency/``: the device's latency curve, a property of (model, dtype, device, threads,
-  attention implementation, batch size) and the KV length's power-of-two bucket
+  attention implementation, batch size, linear kernel) and the KV length's power-of-two bucket
   (:class:`CurveKey`), with the date and the load average it was measured under;
 * ``acceptance/``: draft acceptance per (tag, depth) for a (model, dataset, decoding mode),
   updated after every evaluated item (:class:`AcceptanceStore`); a calibration that finds one
@@ -331,13 +331,16 @@ class CurveKey:
     attention: str
     batch: int
     kv_length: int       # kv_bucket() of the job's mean prompt plus half its new tokens
+    linear: str = "stock"  # the linear layers' kernel (lookahead_core.kernels.linear_kernel)
 
     @classmethod
     def of(cls, lm, model: str, kv_length: int, batch: int = 1) -> CurveKey:
         import torch
 
+        from lookahead_core.kernels import linear_kernel
+
         return cls(model, str(lm.model.dtype).removeprefix("torch."), device_name(lm.device),
-                   torch.get_num_threads(), lm.attention, batch, kv_bucket(kv_length))
+                   torch.get_num_threads(), lm.attention, batch, kv_bucket(kv_length), linear_kernel(lm.model))
 
     def path(self, root: Path) -> Path:
         return root / "latency" / f"{_slug(asdict(self))}.json"

@@ -35,6 +35,7 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from lookahead_core import CausalLM, DecodeLimits, DecodeState, SamplingConfig, divergence
+from lookahead_core import kernels
 from lookahead_core.capability import branching, probe
 from experiments.models import loader as model_loader
 
@@ -268,6 +269,7 @@ class Job:
         constants = {
             "experiment": settings.experiment, "dataset": settings.dataset.name, "model": spec.name,
             "dtype": spec.dtype.value, "device": settings.device, "attention": spec.attn_implementation.value,
+            "linear": kernels.linear_kernel(model),
             "config": settings.config_tag,
             "settings": settings.fingerprint(), "top_k": settings.sampling.top_k, "top_p": settings.sampling.top_p,
             "seed": settings.seed, "max_new_tokens": settings.limits.max_new_tokens,
@@ -291,6 +293,7 @@ class Job:
         model, tokenizer = model_loader.load_model(
             spec, dtype=model_config.dtype.value, device=settings.device,
             attn_implementation=model_config.attn_implementation.value, cache_dir=model_config.cache_dir,
+            linear=model_config.linear.value,
         )
         if tokenizer is None:  # tiny random test models ship none
             tokenizer = ByteTokenizer(model.config.vocab_size)

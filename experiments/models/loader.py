@@ -38,6 +38,8 @@ from transformers import (
     Qwen2Config,
 )
 
+from lookahead_core import kernels
+
 log = logging.getLogger(__name__)
 
 ModelAndTokenizer = tuple[PreTrainedModel, "PreTrainedTokenizerBase | None"]
@@ -461,12 +463,36 @@ def load_model(
     device: str | torch.device = "cpu",
     attn_implementation: str = "sdpa",
     cache_dir: str | Path | None = None,
+    linear: str = "stock",
 ) -> ModelAndTokenizer:
     """Load any model the harness runs, in eval mode on ``device``; returns ``(model, tokenizer)``.
 
     spec: an ``OFFLINE_MODELS`` name, ``tiny-<arch>`` (a tiny random model, tokenizer ``None``),
     a local folder (tokenizer ``None`` if it has none), or a Hugging Face Hub id.
+    linear: ``stock`` (PyTorch's linear layers), ``stream`` (the weight-streaming CPU kernel,
+    ``lookahead_core.kernels``; ``KernelUnavailable`` where it cannot run) or ``auto`` (stream
+    where it can run, else stock, the reason logged).
     """
+    model, tokenizer = _load_any(spec, dtype, device, attn_implementation, cache_dir)
+    if linear != "stock":
+        _use_kernel(model, linear)
+    return model, tokenizer
+
+
+def _use_kernel(model: PreTrainedModel, linear: str) -> None:
+    reason = kernels.unavailable()
+    if reason is None and (model.device.type != "cpu" or model.dtype != torch.float32):
+        reason = f"the model runs on {model.device.type} in {model.dtype}, the kernel on the CPU in float32"
+    if reason is None:
+        swapped = kernels.use_streaming_linear(model)
+        log.info("model.linear=%s: %d linear layers run the streaming kernel", linear, swapped)
+    elif linear == "stream":
+        raise kernels.KernelUnavailable(f"model.linear=stream: {reason}; use model.linear=stock (or auto)")
+    else:
+        log.info("model.linear=auto: stock linear layers (%s)", reason)
+
+
+def _load_any(spec: str, dtype, device, attn_implementation: str, cache_dir) -> ModelAndTokenizer:
     torch_dtype = resolve_dtype(dtype)
     target = resolve_device(device)
     if spec in OFFLINE_MODELS:

@@ -8,7 +8,7 @@ from __future__ import annotations
 COLUMN_GROUPS: dict[str, tuple[str, ...]] = {
     "what ran": (
         "experiment", "dataset", "item_id", "category", "turn", "model", "dtype", "device",
-        "attention", "decoder", "family", "baseline", "config", "settings", "W", "N", "G", "prompt_pool", "pool_only",
+        "attention", "linear", "decoder", "family", "baseline", "config", "settings", "W", "N", "G", "prompt_pool", "pool_only",
         "prompt_lookup", "assistant", "params", "temperature", "top_k", "top_p", "seed", "max_new_tokens",
         "threads", "repeats", "order", "batch_size", "batch", "batch_items", "lp_ranks", "load_avg", "torch", "transformers",
         "git_commit",

@@ -7,7 +7,8 @@
 # decoders interleaved per item after a warm-up. The calibration cache is this script's own ($CACHE,
 # default /tmp/lookahead_auto_cache: outside the repository); auto is listed first, so it prepares
 # before auto_grid's survey reaches the acceptance store: it starts cold. Every job resumes; rerun the
-# script to finish what a session left. MODELS= and SETS= limit it. Then:
+# script to finish what a session left. MODELS= and SETS= limit it; GRID=0 leaves auto_grid out; RESULTS= is the
+# results folder (default results/auto); LINEAR= sets model.linear (default: the config's, auto). Then:
 #   python -m experiments.reporting.report results/auto/<set>... --out results/auto/report
 set -u
 cd "$(dirname "$0")/../../.."
@@ -15,14 +16,17 @@ export LOOKAHEAD_CALIBRATION_CACHE=${CACHE:-/tmp/lookahead_auto_cache}
 models=${MODELS:-smollm2_135m qwen25_coder_05b}
 sets=${SETS:-humaneval mbpp mtbench classeval cnndm xsum}
 for model in $models; do
-    if [ "$model" = smollm2_135m ]; then
+    if [ "$model" = smollm2_135m ] && [ "${GRID:-1}" = 1 ]; then
         limit=20 grid=',{use:auto,name:auto_grid,protocol:grid}'
+    elif [ "$model" = smollm2_135m ]; then
+        limit=20 grid=''
     else
         limit=10 grid=''
     fi
     for set in $sets; do
         HF_HUB_OFFLINE=1 python run.py experiment="$set" model="$model" dataset.limit="$limit" dataset.order=spread \
             dataset.turns=1 experiment.max_new_tokens=128 decoding.temperature=0 threads=1 baseline=hf_greedy \
-            "decoders=[auto,hf_pld,{use:hf_pld,name:hf_pld_k10,k:10}$grid]" results_dir=results/auto || exit 1
+            "decoders=[auto,hf_pld,{use:hf_pld,name:hf_pld_k10,k:10}$grid]" results_dir=${RESULTS:-results/auto} \
+            ${LINEAR:+model.linear=$LINEAR} || exit 1
     done
 done

@@ -4,7 +4,8 @@
 # (pool, window, suffix and recycled drafts) capped at the linear branch's budget 1 + 2W(N-1).
 # SmolLM2-135M and Qwen2.5-Coder-0.5B; 20 MT-Bench first turns and 20 HumanEval problems spread over
 # categories (seeded); 128 new tokens; greedy; the core's greedy as baseline (every row is checked
-# against it). S is deterministic, so any thread count and load give the same S.
+# against it). S is deterministic, so any thread count and load give the same S. model.linear=stock: the
+# sweep began before the streaming kernel existed (docs/cpu_kernels.md) and stays on one kernel throughout.
 # One model at a time, N by N, smallest step first, so that each run adds whole lines to the fit. Every job
 # resumes: rerun the script to go on. MODELS=, SETS=, NS=, WS= limit it. On the 2-core CPU the whole grid is
 # about 70 CPU-hours (SmolLM2 ~20, Qwen ~50: a 769-token step costs ~28 one-token steps), so it spans
@@ -27,7 +28,7 @@ for model in $models; do
             for set in $sets; do
                 HF_HUB_OFFLINE=1 python run.py experiment="$set" model="$model" dataset.limit=${LIMIT:-20} \
                     dataset.order=spread dataset.turns=1 experiment.max_new_tokens=${TOKENS:-128} \
-                    decoding.temperature=0 experiment.score=false threads=${THREADS:-1} baseline=greedy \
+                    decoding.temperature=0 experiment.score=false threads=${THREADS:-1} baseline=greedy model.linear=stock \
                     "decoders=$decoders" results_dir=${RESULTS:-results/scaling} || exit 1
             done
         done

@@ -1,0 +1,101 @@
+"""The weight-streaming linear kernel (lookahead_core/kernels): the same products as PyTorch's,
+bit-identical rows whatever the rows beside them, the model swap that keeps parameters and ties,
+losslessness of lookahead on a swapped model, and the harness's ``model.linear`` key."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from experiments.models.loader import load_model
+from lookahead_core import LookaheadConfig, decode, kernels
+from lookahead_core.config import DecodeLimits
+
+REASON = kernels.unavailable()
+needs_kernel = pytest.mark.skipif(REASON is not None, reason=f"streaming kernel unavailable here: {REASON}")
+
+
+@needs_kernel
+@pytest.mark.parametrize("out_features,in_features,bias", [(37, 64, True), (130, 48, False), (8, 16, True)])
+def test_products_match_torch_for_every_row_count(out_features, in_features, bias):
+    gen = torch.Generator().manual_seed(out_features)
+    w = torch.randn(out_features, in_features, generator=gen)
+    b = torch.randn(out_features, generator=gen) if bias else None
+    x = torch.randn(15, in_features, generator=gen)
+    for rows in range(1, 16):            # one pass (<= 6), two (7-12), three (13-15)
+        got = kernels.stream_linear(x[:rows].contiguous(), w, b)
+        torch.testing.assert_close(got, torch.nn.functional.linear(x[:rows], w, b), rtol=1e-5, atol=1e-5)
+
+
+@needs_kernel
+def test_a_rows_result_does_not_depend_on_the_rows_beside_it():
+    """Batch invariance, bit for bit: every row computed alone, at each place of a pass of 1..12
+    rows, equals the same row computed among the others (MKL's kernels differ here)."""
+    gen = torch.Generator().manual_seed(0)
+    w, b = torch.randn(203, 96, generator=gen), torch.randn(203, generator=gen)   # 203 = 50 blocks of 4 + 3
+    x = torch.randn(12, 96, generator=gen)
+    alone = torch.cat([kernels.stream_linear(x[r:r + 1].contiguous(), w, b) for r in range(12)])
+    for rows in range(1, 13):
+        together = kernels.stream_linear(x[:rows].contiguous(), w, b)
+        assert torch.equal(together, alone[:rows]), rows
+
+
+@needs_kernel
+def test_the_kernel_refuses_what_it_cannot_compute():
+    w = torch.randn(8, 24)
+    with pytest.raises(RuntimeError, match="multiple of 16"):
+        kernels.stream_linear(torch.randn(2, 24), w)
+    with pytest.raises(RuntimeError, match="float32"):
+        kernels.stream_linear(torch.randn(2, 16, dtype=torch.float64), torch.randn(8, 16, dtype=torch.float64))
+
+
+@needs_kernel
+def test_the_swap_keeps_parameters_ties_and_falls_back_beyond_its_rows():
+    model, _ = load_model("tiny-llama")
+    model.config.tie_word_embeddings = True
+    model.lm_head.weight = model.model.embed_tokens.weight
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    linears = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
+    assert kernels.use_streaming_linear(model) == linears
+    assert kernels.linear_kernel(model) == "stream"
+    assert model.lm_head.weight is model.model.embed_tokens.weight            # still tied, no copy
+    after = model.state_dict()
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+    assert all(isinstance(m, kernels.StreamingLinear) for m in model.modules() if isinstance(m, torch.nn.Linear))
+    layer = model.lm_head
+    calls = []
+    original = kernels._extension.stream_linear
+    try:
+        kernels._extension.stream_linear = lambda *a: calls.append(a[0].shape[0]) or original(*a)
+        with torch.no_grad():
+            layer(torch.randn(1, 12, layer.in_features))                  # 12 rows: the kernel
+            layer(torch.randn(13, layer.in_features))                     # 13: F.linear
+        out = layer(torch.randn(2, layer.in_features, requires_grad=True))   # gradients: F.linear
+    finally:
+        kernels._extension.stream_linear = original
+    assert calls == [12] and out.requires_grad
+
+
+@needs_kernel
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
+def test_lookahead_on_a_swapped_model_equals_its_greedy(arch):
+    """Losslessness holds on the kernel as on PyTorch's: every config's tokens equal the swapped
+    model's own greedy, in fp32, steps of 1-12 rows running the kernel and wider ones MKL."""
+    model, _ = load_model(f"tiny-{arch}", linear="stream")
+    assert kernels.linear_kernel(model) == "stream"
+    prompt = torch.randint(0, model.config.vocab_size, (24,), generator=torch.Generator().manual_seed(3)).tolist()
+    limits = DecodeLimits(48, ())
+    greedy = decode(model, prompt, None, limits).tokens
+    for config in (LookaheadConfig(window=2, ngram=3, guess=2), LookaheadConfig(window=5, ngram=4, guess=5),
+                   LookaheadConfig(window=3, ngram=3, guess=3, prompt_pool=True, tree=True, suffix=2, recycle=2,
+                               budget=12)):
+        assert decode(model, prompt, config, limits).tokens == greedy, config
+
+
+def test_stream_is_refused_where_it_cannot_run(monkeypatch):
+    monkeypatch.setattr(kernels, "_extension", None)
+    monkeypatch.setattr(kernels, "_failure", "this CPU's vector capability is AVX2, the kernel needs AVX512")
+    with pytest.raises(kernels.KernelUnavailable, match="model.linear=stream: this CPU's vector capability is AVX2"):
+        load_model("tiny-llama", linear="stream")
+    model, _ = load_model("tiny-llama", linear="auto")                 # auto: stock, nothing raised
+    assert kernels.linear_kernel(model) == "stock"
