@@ -73,16 +73,17 @@ def plot(points: pd.DataFrame, fits: pd.DataFrame, path: Path) -> None:
     """One panel per (model, experiment): S against tokens fed per step (log2 axis), points and fits;
     a figure outside pyplot, as the report draws its own."""
     panels = list(points.groupby(["model", "experiment"]))
+    colors = {series: f"C{i % 10}" for i, series in enumerate(sorted(points["series"].unique()))}   # the same in every panel
     fig = Figure(figsize=(5 * len(panels), 4), layout="tight")
     axes = fig.subplots(1, len(panels), squeeze=False)
     for ax, ((model, experiment), group) in zip(axes[0], panels):
         for series, line in group.groupby("series"):
-            (handle,) = ax.plot(line["fed"], line["S"], "o", label=series)
+            ax.plot(line["fed"], line["S"], "o", color=colors[series], label=series)
             fit = fits[(fits["model"] == model) & (fits["experiment"] == experiment) & (fits["series"] == series)]
             if len(fit):
                 f = fit.iloc[0]
                 xs = np.linspace(np.log2(f["fed_min"]), np.log2(f["fed_max"]), 20)
-                ax.plot(2 ** xs, f["intercept"] + f["slope"] * xs, "-", color=handle.get_color(), alpha=0.6)
+                ax.plot(2 ** xs, f["intercept"] + f["slope"] * xs, "-", color=colors[series], alpha=0.6)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("tokens fed per step")
         ax.set_ylabel("S (tokens per step)")
