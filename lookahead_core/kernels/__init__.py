@@ -26,6 +26,7 @@ run on this machine; :func:`use_streaming_linear` raises :class:`KernelUnavailab
 
 from __future__ import annotations
 
+import logging
 import shutil
 from pathlib import Path
 
@@ -36,6 +37,7 @@ MAX_ROWS = 12                      # rows of x beyond which MKL's matrix-matrix 
 _SOURCE = Path(__file__).with_name("stream_linear.cpp")
 _extension = None
 _failure: str | None = None
+log = logging.getLogger(__name__)
 
 
 class KernelUnavailable(RuntimeError):
@@ -56,6 +58,7 @@ def unavailable() -> str | None:
         try:
             from torch.utils.cpp_extension import load
 
+            log.info("loading the streaming linear kernel (compiled on first use on this machine: about 30 s)")
             _extension = load(name="lookahead_stream_linear", sources=[str(_SOURCE)],
                               extra_cflags=["-O3", "-mavx512f", "-mfma", "-fopenmp"], extra_ldflags=["-fopenmp"], verbose=False)
         except (RuntimeError, OSError, ImportError) as error:   # no ninja, a compiler error, ...
