@@ -13,13 +13,13 @@ forward of the same model and threads) and prints the table ``docs/cpu_kernels.m
 from __future__ import annotations
 
 import argparse
-import platform
 from pathlib import Path
 
 import pandas as pd
 import torch
 
 from experiments.models.loader import load_model
+from experiments.presets.batch import cpu_model
 from experiments.reporting.tables import markdown
 from lookahead_core.cost.curve import measure_latency
 
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = [r for m in args.models for t in args.threads for r in curves(m, t, args.repeats)]
     table = pd.DataFrame(rows)
     args.out.mkdir(parents=True, exist_ok=True)
-    table.assign(host=platform.processor() or platform.machine(), torch=torch.__version__).to_csv(
+    table.assign(host=cpu_model(), torch=torch.__version__).to_csv(
         args.out / "curves.csv", index=False, float_format="%.4g")
     wide = table.pivot_table(index=["model", "threads", "linear"], columns="k", values="x_stock_t1").round(2)
     wide.insert(0, "t(1) ms", table[table.k == 1].set_index(["model", "threads", "linear"])["ms"].round(1))
