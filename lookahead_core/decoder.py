@@ -203,9 +203,9 @@ def _run(model, prompts: list[list[int]], lookahead: LookaheadConfig | None, lim
         seq.progress = _accept(seq.tokens, seq.verify(EMPTY_TREE, logits[None]).tokens, 0, limits, tokenizer,
                                len(seq.prompt))
         if lookahead is not None:
-            seq.proposer = Proposer.from_config(lookahead, seq.tokens, seq.pool, seq.prompt, lm.drafters)
             seq.stats.drafts.prior = prior
-            seq.proposer.stats = seq.stats.drafts
+            seq.proposer = Proposer.from_config(lookahead, seq.tokens, seq.pool, seq.prompt, lm.drafters,
+                                                seq.stats.drafts)
             if hidden:       # the prefill's outcome: no new n-grams, the hidden state the first tree drafts from
                 seq.proposer.update(StepOutcome(seq.tokens, len(seq.tokens), seq.tokens[-1], hidden=last_hidden),
                                     EMPTY_TREE, [])

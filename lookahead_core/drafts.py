@@ -20,7 +20,9 @@ Sources:
 * :class:`RecycleSource`: Token Recycling's adjacency: per token, the top-k successors from the last
   logits computed at that token (every row the step already computes: input, tree, the window's
   last level; with ``recycle_window`` every window row); a tree grown from it by a fixed
-  template (``recycle:p<d>``, d = the decile of the successor's softmax probability there).
+  template (``recycle:p<d>``, d = the decile of the successor's softmax probability there). The
+  table outlasts the decode in ``DraftStats.successors``: a decode whose prior carries one drafts
+  from its first step.
 * ``MedusaSource`` (``lookahead_core/medusa.py``): trained Medusa heads' top tokens along their
   sparse tree (``medusa:<rank>``, depth = head), from the hidden state the step hands over.
 
@@ -81,6 +83,9 @@ class DraftSource(Protocol):
     def propose(self, context: Sequence[int]) -> list[Draft]: ...
 
     def update(self, outcome: StepOutcome) -> None: ...
+
+    # Optional: ``remember(stats)``, called once per decode with its ``DraftStats``, for a source
+    # that keeps what it learns across decodes there (RecycleSource: ``DraftStats.successors``).
 
 
 class NGramSource:
@@ -209,16 +214,28 @@ class RecycleSource:
     def __init__(self, k: int, depth: int) -> None:
         self.topk, self.depth = k, depth
         self.successors: dict[int, list[tuple[int, int]]] = {}    # token -> [(successor, decile)]
+        self.earlier: dict[int, list[tuple[int, int]]] = {}       # read only: other decodes' table
 
     @classmethod
     def from_config(cls, config: LookaheadConfig, size: int, context: Sequence[int]) -> RecycleSource:
         return cls(size, config.draft_depth)
 
+    def remember(self, stats: DraftStats) -> None:
+        """Start from the table of the decodes ``stats.prior`` learnt from (read, never written:
+        every decode from the same prior starts alike) and keep this decode's in ``stats``, so
+        that ``stats.learnt()`` hands both on (Token Recycling keeps its matrix across queries)."""
+        self.earlier = stats.prior.successors if stats.prior is not None else {}
+        self.successors = stats.successors
+
+    def _next(self, token: int) -> list[tuple[int, int]]:
+        found = self.successors.get(token)
+        return found if found is not None else self.earlier.get(token, [])
+
     def propose(self, context: Sequence[int]) -> list[Draft]:
         drafts: list[Draft] = []
 
         def grow(token: int, tokens: tuple[int, ...], tags: tuple[str, ...], width: int) -> None:
-            nexts = self.successors.get(token, [])[:width] if len(tokens) < self.depth else []
+            nexts = self._next(token)[:width] if len(tokens) < self.depth else []
             if not nexts and tokens:
                 drafts.append(Draft(tokens, tags))
             for nxt, decile in nexts:
@@ -315,6 +332,9 @@ class DraftStats:
     # raw estimates (``calibration``, what ``corrected`` learns from) and the used ones (``reliability``).
     calibration: Counter = field(default_factory=Counter, repr=False, compare=False)
     reliability_counts: Counter = field(default_factory=Counter, repr=False, compare=False)
+    # Token Recycling's table (token -> [(successor, decile)]) as these decodes left it, latest last:
+    # what a source with ``remember`` carries to the next decode (not acceptance, but learnt alike).
+    successors: dict = field(default_factory=dict, repr=False, compare=False)
     _rates: dict = field(default_factory=dict, repr=False, compare=False)
 
     def rate(self, tag: str, depth: int) -> float:
@@ -387,6 +407,7 @@ class DraftStats:
     def merge(self, other: DraftStats) -> None:
         self.fed.update(other.fed), self.tried.update(other.tried), self.accepted.update(other.accepted)
         self.calibration.update(other.calibration), self.reliability_counts.update(other.reliability_counts)
+        self.successors.update(other.successors)
         self._rates.clear()
 
     def reliability(self, raw: bool = False) -> list[dict]:
@@ -493,13 +514,18 @@ class Proposer:
         self.recycle_window = recycle_window          # the step keeps every window row's logits
         self.stats = stats if stats is not None else DraftStats()
         self.topk = max((s.topk for s in self.sources), default=0)
+        for source in self.sources:                   # sources that learn across decodes
+            if hasattr(source, "remember"):
+                source.remember(self.stats)
 
     @classmethod
     def from_config(cls, config: LookaheadConfig, context: Sequence[int], pool: NGramPool,
-                    prompt: Sequence[int], drafters: dict | None = None) -> Proposer:
+                    prompt: Sequence[int], drafters: dict | None = None,
+                    stats: DraftStats | None = None) -> Proposer:
         """The n-gram pool and its window (the paper's), and every registered source the config
         turns on (``lookahead_core/sources.py``), those marked ``before_pool`` first; ``drafters``:
-        the trained models of sources that need one (``CausalLM.drafters``)."""
+        the trained models of sources that need one (``CausalLM.drafters``); ``stats``: the
+        decode's acceptance counts, their ``prior`` what earlier decodes learnt."""
         window = JacobiWindow(config.window, config.ngram, prompt, config.seed) if config.uses_window else None
         registered = active(config)
         sources: list[DraftSource] = [kind.build(config, size, context, drafters)
@@ -507,7 +533,7 @@ class Proposer:
         if config.guess or window is not None:
             sources.append(NGramSource(pool, window, config.prompt_pool, context))
         sources += [kind.build(config, size, context, drafters) for kind, size in registered if not kind.before_pool]
-        return cls(sources, merge=config.tree, budget=config.budget, window=window,
+        return cls(sources, merge=config.tree, budget=config.budget, window=window, stats=stats,
                    recycle_window=config.recycle_window, step_costs=config.step_costs)
 
     def propose(self, context: Sequence[int], window_rows: int) -> DraftTree:

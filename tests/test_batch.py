@@ -210,3 +210,30 @@ def test_a_batch_starts_from_the_prior_as_decode_does(llama):
         assert row.tokens == alone.tokens == cold_row.tokens == generate_alone(llama, prompt)
         assert row.stats.step_tokens == alone.stats.step_tokens and row.stats.drafts.prior is learnt
         assert sum(row.stats.step_tokens) > sum(cold_row.stats.step_tokens)
+
+
+def test_recycled_successors_carry_to_the_next_decode_and_batch_without_being_written_back(llama):
+    """Token Recycling's table outlasts a decode through ``DraftStats.successors``: a decode from
+    the learnt prior drafts recycled successors from its first step (a cold one has none to draft),
+    ``decode_batch`` starts every row from the same table, every output equals greedy, and the
+    prior's table is read, never written (repeats from one prior start alike)."""
+    import copy
+
+    from lookahead_core import DecodeState
+
+    config = LookaheadConfig(window=1, ngram=4, guess=0, pool_only=True, tree=True, recycle=4, depth=4, budget=9)
+    limits = DecodeLimits(max_new_tokens=NEW)
+    prompts = prompts_for(llama.config.vocab_size, lengths=(14, 37))
+    first = decode(llama, prompts[0], config, limits)
+    learnt = first.stats.drafts.learnt()
+    assert learnt.successors and learnt.successors == first.stats.drafts.successors
+    before = copy.deepcopy(learnt.successors)
+    cold = decode(llama, prompts[0], config, limits)
+    warm = decode(llama, prompts[0], config, limits, state=DecodeState(None, [], drafts=learnt))
+    batch = decode_batch(llama, prompts, config, limits, prior=learnt)
+    assert warm.tokens == cold.tokens == batch[0].tokens == generate_alone(llama, prompts[0])
+    assert batch[1].tokens == generate_alone(llama, prompts[1])
+    assert cold.stats.step_tokens[0] == 1 < warm.stats.step_tokens[0] == batch[0].stats.step_tokens[0]
+    assert warm.stats.accepted[0] > 1                   # the table's top successors are greedy's own
+    assert learnt.successors == before                  # read, never written
+    assert warm.stats.drafts.learnt().successors.keys() >= before.keys()

@@ -73,6 +73,23 @@ def test_recycle_keeps_the_latest_top_k_and_grows_a_halving_tree_tagged_by_proba
     assert len(tree) == 7
 
 
+def test_recycled_successors_start_from_the_priors_table_and_hand_both_on():
+    prior = DraftStats()
+    prior.successors.update({1: [(2, 9)], 2: [(3, 8)]})
+    source = RecycleSource(k=2, depth=3)
+    stats = DraftStats(prior=prior)
+    Proposer([source], merge=True, stats=stats)                          # the proposer hands it the stats
+    assert source.propose([0, 1]) == [Draft((2, 3), ("recycle:p9", "recycle:p8"))]
+    source.update(StepOutcome([1], 0, 1, row_tokens=[2], row_topk=torch.tensor([[5, 6]]),
+                              row_topk_probs=torch.tensor([[0.5, 0.3]])))
+    assert [d.tokens for d in source.propose([0, 1])] == [(2, 5)]        # this decode's own row wins
+    assert prior.successors == {1: [(2, 9)], 2: [(3, 8)]}                # the prior is never written
+    assert stats.learnt().successors == {1: [(2, 9)], 2: [(5, 5), (6, 3)]}
+    cold = RecycleSource(k=2, depth=3)
+    Proposer([cold], merge=True)
+    assert cold.propose([0, 1]) == []
+
+
 def test_a_tags_own_estimate_is_its_rate_until_measured():
     from lookahead_core.drafts import tag_guess
 

@@ -40,7 +40,7 @@ from lookahead_core.config import DecodeLimits, LookaheadConfig, SamplingConfig,
 from lookahead_core.drafts import DraftStats
 
 CACHE_FORMAT = 1           # bump when what a cached file means changes (its tags, its fields)
-CURVE_FORMAT = 2           # a cached latency curve's; 2: it carries the loop's host time per greedy step
+CURVE_FORMAT = 3           # a cached latency curve's; 2: the loop's host time per greedy step; 3: sizes 5, 7, 13
 HOST_TOKENS = 32           # greedy steps timed for that host time (after a warm-up of 4)
 
 FINALISTS = 3              # configs calibrated in full after the screen

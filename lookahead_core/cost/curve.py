@@ -38,7 +38,9 @@ from ..sources import active
 from ..layout import causal_layout, step_layout
 from ..model_io import CausalLM, Feed, truncate_kv
 
-DEFAULT_SIZES: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+# 5-7 and 12-13: where a streaming CPU kernel (lookahead_core/kernels) goes from one pass over the
+# weights to two, and from two to PyTorch's GEMM; a curve interpolated across such a step misprices it.
+DEFAULT_SIZES: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8, 12, 13, 16, 24, 32, 48, 64, 96, 128)
 
 
 # ---------------------------------------------------------------------------------------------
