@@ -28,7 +28,10 @@ class Measure:
 
     def __call__(self, lm, **kwargs) -> CostModel:
         self.calls.append(kwargs)
-        return CostModel(tokens=(1, 4), seconds=(0.01, 0.02 + 0.001 * len(self.calls)), kv_length=kwargs["kv_length"])
+        need = kwargs["need"]
+        seconds = (0.01, 0.02 + 0.001 * len(self.calls))
+        return CostModel(tokens=(1, need.tokens), seconds=seconds, seconds_one_logit=seconds if need.one_logit else None,
+                         kv_length=kwargs["kv_length"])
 
 
 def test_every_field_of_the_key_names_another_curve(tmp_path: Path) -> None:
@@ -43,7 +46,8 @@ def test_every_field_of_the_key_names_another_curve(tmp_path: Path) -> None:
 def test_a_curve_is_measured_once_per_key_reused_and_measured_again_when_asked(tmp_path: Path) -> None:
     measure = Measure()
     first, meta = autotune.latency_curve(None, KEY, tmp_path, measure=measure)
-    assert not meta["reused"] and len(measure.calls) == 1 and measure.calls[0] == {"kv_length": 256, "batch": 1}
+    assert not meta["reused"] and len(measure.calls) == 1
+    assert measure.calls[0] == {"kv_length": 256, "batch": 1, "need": autotune.CurveNeed()}
     assert len(meta["load_average"]) == 2 and meta["measured_at"].startswith("20") and meta["key"] == asdict(KEY)
     again, meta2 = autotune.latency_curve(None, KEY, tmp_path, measure=measure)
     assert meta2["reused"] and len(measure.calls) == 1 and again == first and meta2["measured_at"] == meta["measured_at"]
@@ -52,6 +56,27 @@ def test_a_curve_is_measured_once_per_key_reused_and_measured_again_when_asked(t
     assert autotune.latency_curve(None, KEY, tmp_path, measure=measure)[0] == fresh     # the new one is cached
     autotune.latency_curve(None, replace(KEY, threads=2), tmp_path, measure=measure)
     assert len(measure.calls) == 3                                                      # another key: measured
+
+
+def test_online_measures_only_what_it_prices_and_a_curve_that_falls_short_is_measured_again(tmp_path: Path) -> None:
+    """``online`` prices one tree that keeps every row's logits, at most its budget: its curve has
+    no one-logit variant and stops at 64 tokens. ``grid`` needs both: the curve is measured again
+    for both needs together, and serves ``online`` from then on."""
+    online = autotune.CurveNeed.of("online")
+    assert online == autotune.CurveNeed(64, False) and online.sizes()[-1] == 64 and 96 not in online.sizes()
+    assert autotune.CurveNeed.of("grid") == autotune.CurveNeed() and autotune.CurveNeed().sizes()[-1] == 128
+    assert autotune.CurveNeed(10).sizes()[-2:] == (8, 12)            # up to the first size that holds it
+    measure = Measure()
+    first, meta = autotune.latency_curve(None, KEY, tmp_path, need=online, measure=measure)
+    assert not meta["reused"] and first.tokens == (1, 64) and first.seconds_one_logit is None
+    assert autotune.latency_curve(None, KEY, tmp_path, need=online, measure=measure)[1]["reused"]
+    both, meta = autotune.latency_curve(None, KEY, tmp_path, measure=measure)        # grid's need: short
+    assert not meta["reused"] and measure.calls[-1]["need"] == autotune.CurveNeed(128, True)
+    again, meta = autotune.latency_curve(None, KEY, tmp_path, need=online, measure=measure)
+    assert meta["reused"] and again == both and len(measure.calls) == 2
+    autotune.latency_curve(None, replace(KEY, kv_length=512), tmp_path, need=autotune.CurveNeed(200, False),
+                           measure=measure)
+    assert measure.calls[-1]["need"] == autotune.CurveNeed(200, False)
 
 
 def test_a_cached_curve_of_another_format_or_key_is_measured_again(tmp_path: Path) -> None:

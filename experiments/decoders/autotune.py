@@ -139,7 +139,7 @@ def prepare(lm, model: str, dataset: str, item_ids: Sequence[str], prompts: list
     if fresh:                            # a resumed job keeps its own record: its curve and pick
         kv = int(statistics.fmean(len(p) for p in prompts) + limits.max_new_tokens / 2)
         key = CurveKey.of(lm, model, kv)
-        curve, provenance = latency_curve(lm, key, root, remeasure=recalibrate)
+        curve, provenance = latency_curve(lm, key, root, remeasure=recalibrate, need=CurveNeed.of(protocol))
         extra = {"latency_provenance": provenance}
         if protocol == "online":
             record = online(path, curve, extra=extra)
@@ -346,13 +346,42 @@ class CurveKey:
         return root / "latency" / f"{_slug(asdict(self))}.json"
 
 
-def measure_curve(lm, *, kv_length: int, batch: int = 1) -> cm.CostModel:
-    """:func:`lookahead_core.cost.measure_latency` at ``kv_length`` and ``batch``, with (at batch 1)
-    the decode loop's host time per greedy step: the time outside ``CausalLM.forward`` of a greedy
-    decode of ``HOST_TOKENS`` tokens after 16 random ones (the loop's own work, the same on any text)."""
+@dataclass(frozen=True)
+class CurveNeed:
+    """What a protocol prices from a curve: steps of up to ``tokens`` tokens, and (``one_logit``)
+    steps that keep fewer logit rows than they feed (the linear window's rows). ``online``'s one tree
+    keeps every row's logits and feeds at most its budget, so its curve costs about a third of the
+    full one (no one-logit variant, no sizes beyond 64)."""
+
+    tokens: int = max(cm.DEFAULT_SIZES)
+    one_logit: bool = True
+
+    @classmethod
+    def of(cls, protocol: str) -> CurveNeed:
+        budgets = [c.budget for c in cm.default_grid() if c.tree and c.budget]
+        return cls(max(budgets), False) if protocol == "online" and budgets else cls()   # widest_tree's budget
+
+    def sizes(self) -> tuple[int, ...]:
+        """The default sizes up to the first that holds ``tokens``."""
+        return tuple(k for k in cm.DEFAULT_SIZES if k < self.tokens) + (
+            min((k for k in cm.DEFAULT_SIZES if k >= self.tokens), default=self.tokens),)
+
+    def met_by(self, curve: cm.CostModel) -> bool:
+        return max(curve.tokens) >= self.tokens and (curve.seconds_one_logit is not None or not self.one_logit)
+
+    def union(self, curve: cm.CostModel) -> CurveNeed:
+        """This need and what ``curve`` covers: a re-measured curve keeps serving its earlier users."""
+        return CurveNeed(max(self.tokens, max(curve.tokens)), self.one_logit or curve.seconds_one_logit is not None)
+
+
+def measure_curve(lm, *, kv_length: int, batch: int = 1, need: CurveNeed = CurveNeed()) -> cm.CostModel:
+    """:func:`lookahead_core.cost.measure_latency` at ``kv_length`` and ``batch`` for the sizes of
+    ``need``, with (at batch 1) the decode loop's host time per greedy step: the time outside
+    ``CausalLM.forward`` of a greedy decode of ``HOST_TOKENS`` tokens after 16 random ones (the
+    loop's own work, the same on any text)."""
     import torch
 
-    curve = cm.measure_latency(lm, kv_length=kv_length, batch=batch)
+    curve = cm.measure_latency(lm, need.sizes(), kv_length=kv_length, batch=batch, one_logit=need.one_logit)
     if batch > 1:
         return curve
     prompt = torch.randint(0, lm.model.config.vocab_size, (16,), generator=torch.Generator().manual_seed(0)).tolist()
@@ -361,19 +390,23 @@ def measure_curve(lm, *, kv_length: int, batch: int = 1) -> cm.CostModel:
     return replace(curve, host_seconds=max(0.0, stats.decode_seconds - stats.model_seconds) / max(stats.steps, 1))
 
 
-def latency_curve(lm, key: CurveKey, root: Path, *, remeasure: bool = False,
+def latency_curve(lm, key: CurveKey, root: Path, *, remeasure: bool = False, need: CurveNeed = CurveNeed(),
                   measure: Callable[..., cm.CostModel] = measure_curve) -> tuple[cm.CostModel, dict]:
-    """The latency curve for ``key``: the cached one, or (``remeasure``, none cached, another
-    format) measured now at the key's KV length and batch and cached. Returns the curve and its
+    """The latency curve for ``key``: the cached one if it meets ``need``, or (``remeasure``, none
+    cached, another format, one that falls short) measured now at the key's KV length and batch,
+    for ``need`` and whatever the cached one covered, and cached. Returns the curve and its
     provenance: the key, when and under which load average (1 minute, before and after) it was
     measured, how long that took, and whether this call reused it."""
     path = key.path(root)
     if not remeasure and path.exists():
         cached = json.loads(path.read_text())
         if cached.get("format") == CURVE_FORMAT and cached.get("key") == asdict(key):
-            return cm.CostModel.from_rows(cached["rows"]), {**cached["meta"], "reused": True, "path": str(path)}
+            curve = cm.CostModel.from_rows(cached["rows"])
+            if need.met_by(curve):
+                return curve, {**cached["meta"], "reused": True, "path": str(path)}
+            need = need.union(curve)
     before, started = os.getloadavg()[0], time.perf_counter()
-    curve = measure(lm, kv_length=key.kv_length, batch=key.batch)
+    curve = measure(lm, kv_length=key.kv_length, batch=key.batch, need=need)
     meta = {"key": asdict(key), "measured_at": _now(), "host": platform.node(),
             "load_average": [before, os.getloadavg()[0]], "seconds": time.perf_counter() - started}
     write_json(path, {"format": CURVE_FORMAT, "key": asdict(key), "meta": meta, "rows": curve.to_rows()})
