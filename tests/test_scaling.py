@@ -60,3 +60,15 @@ def test_a_results_file_with_only_its_header_leaves_the_points_alone(tmp_path):
     full.to_csv(tmp_path / "b.csv", index=False)
     points = scaling_points(load_results([tmp_path]))
     assert points["S"].tolist() == pytest.approx([2.0, 2.5])
+
+
+def test_a_point_from_fewer_items_is_drawn_but_not_fitted(tmp_path):
+    """A sweep still under way leaves its last point on fewer items: it must not bend the line."""
+    series = {W: (1.0 + 0.4 * np.log2(4.0 * W), 4.0 * W) for W in (2, 4, 8)}
+    rows = _rows(series) + [r for r in _rows({16: (9.0, 64.0)}) if r["item_id"] == "a"]   # 1 of 2 items
+    points = scaling_points(pd.DataFrame(rows))
+    assert points["complete"].tolist() == [True, True, True, False]
+    fit = fit_lines(points).iloc[0]
+    assert fit["points"] == 3 and fit["slope"] == pytest.approx(0.4) and fit["fed_max"] == 32.0
+    plot(points, fit_lines(points), tmp_path / "scaling.png")
+    assert (tmp_path / "scaling.png").stat().st_size > 0

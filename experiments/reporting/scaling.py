@@ -47,14 +47,17 @@ def scaling_points(df: pd.DataFrame) -> pd.DataFrame:
     grouped["fed"] = grouped["fed_total"] / grouped["steps"]
     grouped["log2_fed"] = np.log2(grouped["fed"])
     grouped["series"] = grouped.apply(_series, axis=1)
+    # a point from fewer items than its panel's others is a run still under way: drawn, not fitted
+    grouped["complete"] = grouped["items"] == grouped.groupby(["model", "experiment"])["items"].transform("max")
     return grouped.drop(columns="fed_total").sort_values(["model", "experiment", "series", "fed"], ignore_index=True)
 
 
 def fit_lines(points: pd.DataFrame) -> pd.DataFrame:
-    """Per (model, experiment, series) with at least 3 distinct budgets: the least-squares line of S
-    on log2(fed), its R^2 and the range it was fitted over."""
+    """Per (model, experiment, series) with at least 3 distinct budgets among its complete points
+    (as many items as the panel's fullest point): the least-squares line of S on log2(fed), its R^2
+    and the range it was fitted over."""
     fits = []
-    for (model, experiment, series), group in points.groupby(["model", "experiment", "series"]):
+    for (model, experiment, series), group in points[points["complete"]].groupby(["model", "experiment", "series"]):
         x, y = group["log2_fed"].to_numpy(float), group["S"].to_numpy(float)
         if len(np.unique(x)) < 3:
             continue
@@ -70,15 +73,18 @@ def fit_lines(points: pd.DataFrame) -> pd.DataFrame:
 
 
 def plot(points: pd.DataFrame, fits: pd.DataFrame, path: Path) -> None:
-    """One panel per (model, experiment): S against tokens fed per step (log2 axis), points and fits;
-    a figure outside pyplot, as the report draws its own."""
+    """One panel per (model, experiment): S against tokens fed per step (log2 axis), points and fits
+    (hollow: a point still under way, left out of the fit); a figure outside pyplot, as the report
+    draws its own."""
     panels = list(points.groupby(["model", "experiment"]))
     colors = {series: f"C{i % 10}" for i, series in enumerate(sorted(points["series"].unique()))}   # the same in every panel
     fig = Figure(figsize=(5 * len(panels), 4), layout="tight")
     axes = fig.subplots(1, len(panels), squeeze=False)
     for ax, ((model, experiment), group) in zip(axes[0], panels):
         for series, line in group.groupby("series"):
-            ax.plot(line["fed"], line["S"], "o", color=colors[series], label=series)
+            done, running = line[line["complete"]], line[~line["complete"]]
+            ax.plot(done["fed"], done["S"], "o", color=colors[series], label=series)
+            ax.plot(running["fed"], running["S"], "o", color=colors[series], markerfacecolor="none")
             fit = fits[(fits["model"] == model) & (fits["experiment"] == experiment) & (fits["series"] == series)]
             if len(fit):
                 f = fit.iloc[0]
