@@ -350,7 +350,7 @@ class CurveKey:
 class CurveNeed:
     """What a protocol prices from a curve: steps of up to ``tokens`` tokens, and (``one_logit``)
     steps that keep fewer logit rows than they feed (the linear window's rows). ``online``'s one tree
-    keeps every row's logits and feeds at most its budget, so its curve costs about a third of the
+    keeps every row's logits and feeds at most its budget, so its curve costs under half of the
     full one (no one-logit variant, no sizes beyond 64)."""
 
     tokens: int = max(cm.DEFAULT_SIZES)
