@@ -358,8 +358,8 @@ class CurveNeed:
 
     @classmethod
     def of(cls, protocol: str) -> CurveNeed:
-        budgets = [c.budget for c in cm.default_grid() if c.tree and c.budget]
-        return cls(max(budgets), False) if protocol == "online" and budgets else cls()   # widest_tree's budget
+        widest = cm.widest_tree(cm.CostModel(tokens=(1,), seconds=(1.0,))) if protocol == "online" else None
+        return cls(widest.budget, False) if widest is not None else cls()    # the tree online decodes with
 
     def sizes(self) -> tuple[int, ...]:
         """The default sizes up to the first that holds ``tokens``."""
