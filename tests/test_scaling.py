@@ -72,3 +72,19 @@ def test_a_point_from_fewer_items_is_drawn_but_not_fitted(tmp_path):
     assert fit["points"] == 3 and fit["slope"] == pytest.approx(0.4) and fit["fed_max"] == 32.0
     plot(points, fit_lines(points), tmp_path / "scaling.png")
     assert (tmp_path / "scaling.png").stat().st_size > 0
+
+
+def test_the_papers_points_are_drawn_in_the_panels_of_their_experiment(tmp_path):
+    """The paper's own points sit beside ours where the data set is theirs (MT-Bench), nowhere else."""
+    from experiments.reporting.scaling import PAPER
+
+    series = {W: (1.0 + 0.3 * np.log2(4.0 * W), 4.0 * W) for W in (2, 4, 8)}
+    rows = pd.DataFrame(_rows(series))
+    rows = pd.concat([rows.assign(experiment="mtbench"), rows.assign(experiment="humaneval")], ignore_index=True)
+    points = scaling_points(rows)
+    fig = plot(points, fit_lines(points), tmp_path / "scaling.png")
+    drawn = {ax.get_title(): {line.get_label(): (line.get_xdata()[0], line.get_ydata()[0]) for line in ax.get_lines() if len(line.get_xdata())}
+             for ax in fig.axes}
+    for _, ref in PAPER.iterrows():
+        assert drawn["m / mtbench"][ref["label"]] == (ref["fed"], ref["S"])
+        assert ref["label"] not in drawn["m / humaneval"]

@@ -23,6 +23,14 @@ from experiments.reporting.report import load_results
 
 SETUP = ["model", "experiment", "decoder", "N", "W", "G", "prompt_pool", "tree"]
 
+# The paper's own points, drawn beside ours in the panels of their data set: LLaMA-2-7B-chat on
+# MT-Bench at W = G = 15, N = 5 (a step feeds 1 + 2 * 15 * 4 = 121 tokens), as its evaluation
+# reports them (quoted, not re-measured here). Its scaling-law figure gives no table to read.
+PAPER = pd.DataFrame([
+    {"experiment": "mtbench", "label": "paper: LLaMA-2-7B-chat W15 N5", "fed": 121.0, "S": 1.96},
+    {"experiment": "mtbench", "label": "paper: LLaMA-2-7B-chat W15 N5 +pool", "fed": 121.0, "S": 2.05},
+])
+
 
 def _series(row: pd.Series) -> str:
     """The series a setup belongs to: its branch kind at its N."""
@@ -72,10 +80,10 @@ def fit_lines(points: pd.DataFrame) -> pd.DataFrame:
                                        "fed_min", "fed_max"])
 
 
-def plot(points: pd.DataFrame, fits: pd.DataFrame, path: Path) -> None:
+def plot(points: pd.DataFrame, fits: pd.DataFrame, path: Path, paper: pd.DataFrame = PAPER) -> Figure:
     """One panel per (model, experiment): S against tokens fed per step (log2 axis), points and fits
-    (hollow: a point still under way, left out of the fit); a figure outside pyplot, as the report
-    draws its own."""
+    (hollow: a point still under way, left out of the fit), and the paper's points of that
+    experiment (black marks); a figure outside pyplot, as the report draws its own."""
     panels = list(points.groupby(["model", "experiment"]))
     colors = {series: f"C{i % 10}" for i, series in enumerate(sorted(points["series"].unique()))}   # the same in every panel
     fig = Figure(figsize=(5 * len(panels), 4), layout="tight")
@@ -90,12 +98,15 @@ def plot(points: pd.DataFrame, fits: pd.DataFrame, path: Path) -> None:
                 f = fit.iloc[0]
                 xs = np.linspace(np.log2(f["fed_min"]), np.log2(f["fed_max"]), 20)
                 ax.plot(2 ** xs, f["intercept"] + f["slope"] * xs, "-", color=colors[series], alpha=0.6)
+        for marker, (_, ref) in zip("*P", paper[paper["experiment"] == experiment].iterrows()):
+            ax.plot([ref["fed"]], [ref["S"]], marker, color="black", label=ref["label"])
         ax.set_xscale("log", base=2)
         ax.set_xlabel("tokens fed per step")
         ax.set_ylabel("S (tokens per step)")
         ax.set_title(f"{model} / {experiment}")
         ax.legend(fontsize=7)
     fig.savefig(path, dpi=120)
+    return fig
 
 
 def main(argv: list[str] | None = None) -> None:
