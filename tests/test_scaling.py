@@ -83,7 +83,8 @@ def test_the_papers_points_are_drawn_in_the_panels_of_their_experiment(tmp_path)
     rows = pd.concat([rows.assign(experiment="mtbench"), rows.assign(experiment="humaneval")], ignore_index=True)
     points = scaling_points(rows)
     fig = plot(points, fit_lines(points), tmp_path / "scaling.png")
-    drawn = {ax.get_title(): {line.get_label(): (line.get_xdata()[0], line.get_ydata()[0]) for line in ax.get_lines() if len(line.get_xdata())}
+    drawn = {ax.get_title(): {line.get_label(): (line.get_xdata()[0], line.get_ydata()[0])
+                              for line in ax.get_lines() if len(line.get_xdata())}
              for ax in fig.axes}
     for _, ref in PAPER.iterrows():
         assert drawn["m / mtbench"][ref["label"]] == (ref["fed"], ref["S"])

@@ -24,11 +24,13 @@ from experiments.reporting.report import load_results
 SETUP = ["model", "experiment", "decoder", "N", "W", "G", "prompt_pool", "tree"]
 
 # The paper's own points, drawn beside ours in the panels of their data set: LLaMA-2-7B-chat on
-# MT-Bench at W = G = 15, N = 5 (a step feeds 1 + 2 * 15 * 4 = 121 tokens), as its evaluation
-# reports them (quoted, not re-measured here). Its scaling-law figure gives no table to read.
+# MT-Bench at W = G = 15, N = 5 (a step feeds 1 + 2 * 15 * 4 = 121 tokens), as the paper's
+# evaluation is quoted (not re-measured, nor checked against the paper's PDF here). Its
+# scaling-law figure gives no table to read.
 PAPER = pd.DataFrame([
-    {"experiment": "mtbench", "label": "paper: LLaMA-2-7B-chat W15 N5", "fed": 121.0, "S": 1.96},
-    {"experiment": "mtbench", "label": "paper: LLaMA-2-7B-chat W15 N5 +pool", "fed": 121.0, "S": 2.05},
+    {"experiment": "mtbench", "label": "paper: LLaMA-2-7B-chat W15 N5", "fed": 121.0, "S": 1.96, "marker": "*"},
+    {"experiment": "mtbench", "label": "paper: LLaMA-2-7B-chat W15 N5 +pool", "fed": 121.0, "S": 2.05,
+     "marker": "P"},
 ])
 
 
@@ -80,7 +82,7 @@ def fit_lines(points: pd.DataFrame) -> pd.DataFrame:
                                        "fed_min", "fed_max"])
 
 
-def plot(points: pd.DataFrame, fits: pd.DataFrame, path: Path, paper: pd.DataFrame = PAPER) -> Figure:
+def plot(points: pd.DataFrame, fits: pd.DataFrame, path: Path) -> Figure:
     """One panel per (model, experiment): S against tokens fed per step (log2 axis), points and fits
     (hollow: a point still under way, left out of the fit), and the paper's points of that
     experiment (black marks); a figure outside pyplot, as the report draws its own."""
@@ -98,8 +100,8 @@ def plot(points: pd.DataFrame, fits: pd.DataFrame, path: Path, paper: pd.DataFra
                 f = fit.iloc[0]
                 xs = np.linspace(np.log2(f["fed_min"]), np.log2(f["fed_max"]), 20)
                 ax.plot(2 ** xs, f["intercept"] + f["slope"] * xs, "-", color=colors[series], alpha=0.6)
-        for marker, (_, ref) in zip("*P", paper[paper["experiment"] == experiment].iterrows()):
-            ax.plot([ref["fed"]], [ref["S"]], marker, color="black", label=ref["label"])
+        for _, ref in PAPER[PAPER["experiment"] == experiment].iterrows():
+            ax.plot([ref["fed"]], [ref["S"]], ref["marker"], color="black", label=ref["label"])
         ax.set_xscale("log", base=2)
         ax.set_xlabel("tokens fed per step")
         ax.set_ylabel("S (tokens per step)")
