@@ -16,7 +16,7 @@ def _rows(series, tree=False, pool=False):
     rows = []
     for W, (S, fed) in series.items():
         for item, steps in (("a", 10), ("b", 30)):
-            rows.append({"model": "m", "experiment": "e", "decoder": "lookahead", "baseline": "greedy",
+            rows.append({"model": "m", "dtype": "float32", "experiment": "e", "decoder": "lookahead", "baseline": "greedy",
                          "item_id": item, "N": 5, "W": W, "G": W, "prompt_pool": pool,
                          "params": json.dumps({"tree": tree, "window": W}),
                          "steps": steps, "new_tokens": S * steps, "step_tokens_mean": fed})
@@ -25,7 +25,7 @@ def _rows(series, tree=False, pool=False):
 
 def test_a_line_in_log2_fed_is_recovered_exactly():
     series = {W: (1.0 + 0.4 * np.log2(4.0 * W), 4.0 * W) for W in (2, 4, 8, 16, 32)}
-    baseline = {"model": "m", "experiment": "e", "decoder": "greedy", "baseline": "greedy", "item_id": "a",
+    baseline = {"model": "m", "dtype": "float32", "experiment": "e", "decoder": "greedy", "baseline": "greedy", "item_id": "a",
                 "N": np.nan, "W": np.nan, "G": np.nan, "prompt_pool": None, "params": "null", "steps": 40,
                 "new_tokens": 40, "step_tokens_mean": 1.0}
     points = scaling_points(pd.DataFrame(_rows(series) + [baseline]))
@@ -87,5 +87,20 @@ def test_the_papers_points_are_drawn_in_the_panels_of_their_experiment(tmp_path)
                               for line in ax.get_lines() if len(line.get_xdata())}
              for ax in fig.axes}
     for _, ref in PAPER.iterrows():
-        assert drawn["m / mtbench"][ref["label"]] == (ref["fed"], ref["S"])
-        assert ref["label"] not in drawn["m / humaneval"]
+        assert drawn["m float32 / mtbench"][ref["label"]] == (ref["fed"], ref["S"])
+        assert ref["label"] not in drawn["m float32 / humaneval"]
+
+
+def test_a_model_in_another_dtype_is_its_own_panel_and_line(tmp_path):
+    """bfloat16 rounds the model differently from float32: its S never pools with the float32 rows."""
+    fp32 = {W: (1.0 + 0.4 * np.log2(4.0 * W), 4.0 * W) for W in (2, 4, 8)}
+    bf16 = {W: (1.5 + 0.2 * np.log2(4.0 * W), 4.0 * W) for W in (2, 4, 8, 16)}
+    one_item = [r for r in _rows(fp32) if r["item_id"] == "a"]   # fewer items than the bfloat16 points
+    rows = pd.DataFrame(one_item + [{**r, "dtype": "bfloat16"} for r in _rows(bf16)])
+    points = scaling_points(rows)
+    assert points.groupby("dtype")["W"].apply(list).to_dict() == {"bfloat16": [2, 4, 8, 16], "float32": [2, 4, 8]}
+    assert points["complete"].all(), "a panel's fullest point is counted within its own dtype"
+    fits = fit_lines(points).set_index("dtype")
+    assert fits.loc["float32", "slope"] == pytest.approx(0.4) and fits.loc["bfloat16", "slope"] == pytest.approx(0.2)
+    fig = plot(points, fit_lines(points), tmp_path / "scaling.png")
+    assert sorted(ax.get_title() for ax in fig.axes) == ["m bfloat16 / e", "m float32 / e"]

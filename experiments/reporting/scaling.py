@@ -21,7 +21,10 @@ from matplotlib.figure import Figure
 
 from experiments.reporting.report import load_results
 
-SETUP = ["model", "experiment", "decoder", "N", "W", "G", "prompt_pool", "tree"]
+# A panel is one model in one dtype on one data set (a dtype rounds the model differently, so its S
+# is its own); a point is one decoder setup within a panel.
+PANEL = ["model", "dtype", "experiment"]
+SETUP = [*PANEL, "decoder", "N", "W", "G", "prompt_pool", "tree"]
 
 # The paper's own points, drawn beside ours in the panels of their data set: LLaMA-2-7B-chat on
 # MT-Bench at W = G = 15, N = 5 (a step feeds 1 + 2 * 15 * 4 = 121 tokens), as the paper's
@@ -58,44 +61,45 @@ def scaling_points(df: pd.DataFrame) -> pd.DataFrame:
     grouped["log2_fed"] = np.log2(grouped["fed"])
     grouped["series"] = grouped.apply(_series, axis=1)
     # a point from fewer items than its panel's others is a run still under way: drawn, not fitted
-    grouped["complete"] = grouped["items"] == grouped.groupby(["model", "experiment"])["items"].transform("max")
-    return grouped.drop(columns="fed_total").sort_values(["model", "experiment", "series", "fed"], ignore_index=True)
+    grouped["complete"] = grouped["items"] == grouped.groupby(PANEL)["items"].transform("max")
+    return grouped.drop(columns="fed_total").sort_values([*PANEL, "series", "fed"], ignore_index=True)
 
 
 def fit_lines(points: pd.DataFrame) -> pd.DataFrame:
-    """Per (model, experiment, series) with at least 3 distinct budgets among its complete points
-    (as many items as the panel's fullest point): the least-squares line of S on log2(fed), its R^2
+    """Per panel (model, dtype, experiment) and series, with at least 3 distinct budgets among its
+    complete points (as many items as the panel's fullest point): the least-squares line of S on log2(fed), its R^2
     and the range it was fitted over."""
     fits = []
-    for (model, experiment, series), group in points[points["complete"]].groupby(["model", "experiment", "series"]):
+    for (model, dtype, experiment, series), group in points[points["complete"]].groupby([*PANEL, "series"]):
         x, y = group["log2_fed"].to_numpy(float), group["S"].to_numpy(float)
         if len(np.unique(x)) < 3:
             continue
         slope, intercept = np.polyfit(x, y, 1)
         residual = float(((y - (intercept + slope * x)) ** 2).sum())
         total = float(((y - y.mean()) ** 2).sum())
-        fits.append({"model": model, "experiment": experiment, "series": series, "points": len(group),
+        fits.append({"model": model, "dtype": dtype, "experiment": experiment, "series": series, "points": len(group),
                      "slope": float(slope), "intercept": float(intercept),
                      "r2": 1.0 - residual / total if total > 0 else float("nan"),
                      "fed_min": float(group["fed"].min()), "fed_max": float(group["fed"].max())})
-    return pd.DataFrame(fits, columns=["model", "experiment", "series", "points", "slope", "intercept", "r2",
+    return pd.DataFrame(fits, columns=[*PANEL, "series", "points", "slope", "intercept", "r2",
                                        "fed_min", "fed_max"])
 
 
 def plot(points: pd.DataFrame, fits: pd.DataFrame, path: Path) -> Figure:
-    """One panel per (model, experiment): S against tokens fed per step (log2 axis), points and fits
+    """One panel per (model, dtype, experiment): S against tokens fed per step (log2 axis), points and fits
     (hollow: a point still under way, left out of the fit), and the paper's points of that
     experiment (black marks); a figure outside pyplot, as the report draws its own."""
-    panels = list(points.groupby(["model", "experiment"]))
+    panels = list(points.groupby(PANEL))
     colors = {series: f"C{i % 10}" for i, series in enumerate(sorted(points["series"].unique()))}   # the same in every panel
     fig = Figure(figsize=(5 * len(panels), 4), layout="tight")
     axes = fig.subplots(1, len(panels), squeeze=False)
-    for ax, ((model, experiment), group) in zip(axes[0], panels):
+    for ax, ((model, dtype, experiment), group) in zip(axes[0], panels):
         for series, line in group.groupby("series"):
             done, running = line[line["complete"]], line[~line["complete"]]
             ax.plot(done["fed"], done["S"], "o", color=colors[series], label=series)
             ax.plot(running["fed"], running["S"], "o", color=colors[series], markerfacecolor="none")
-            fit = fits[(fits["model"] == model) & (fits["experiment"] == experiment) & (fits["series"] == series)]
+            fit = fits[(fits["model"] == model) & (fits["dtype"] == dtype) & (fits["experiment"] == experiment)
+                       & (fits["series"] == series)]
             if len(fit):
                 f = fit.iloc[0]
                 xs = np.linspace(np.log2(f["fed_min"]), np.log2(f["fed_max"]), 20)
@@ -105,7 +109,7 @@ def plot(points: pd.DataFrame, fits: pd.DataFrame, path: Path) -> Figure:
         ax.set_xscale("log", base=2)
         ax.set_xlabel("tokens fed per step")
         ax.set_ylabel("S (tokens per step)")
-        ax.set_title(f"{model} / {experiment}")
+        ax.set_title(f"{model} {dtype} / {experiment}")
         ax.legend(fontsize=7)
     fig.savefig(path, dpi=120)
     return fig
