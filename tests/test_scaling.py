@@ -104,3 +104,17 @@ def test_a_model_in_another_dtype_is_its_own_panel_and_line(tmp_path):
     assert fits.loc["float32", "slope"] == pytest.approx(0.4) and fits.loc["bfloat16", "slope"] == pytest.approx(0.2)
     fig = plot(points, fit_lines(points), tmp_path / "scaling.png")
     assert sorted(ax.get_title() for ax in fig.axes) == ["m bfloat16 / e", "m float32 / e"]
+
+
+def test_the_markdown_table_gives_each_series_its_s_per_w_and_its_fit():
+    from experiments.reporting.scaling import tables
+
+    series = {W: (1.0 + 0.4 * np.log2(4.0 * W), 4.0 * W) for W in (2, 4, 8)}
+    rows = _rows(series) + [r for r in _rows({16: (9.0, 64.0)}) if r["item_id"] == "a"]
+    rows += _rows({2: (2.5, 8.0)}, tree=True, pool=True)
+    points = scaling_points(pd.DataFrame(rows))
+    text = tables(points, fit_lines(points))
+    assert text.splitlines()[0] == "m float32 / e (2 items a point unless marked)"
+    assert "| series | W2 | W4 | W8 | W16 | slope per doubling | R^2 | points |" in text
+    assert "| window N5 | 2.20 | 2.60 | 3.00 | 9.00 (1 items) | 0.400 | 1.000 | 3 |" in text
+    assert "| tree N5 +pool | 2.50 | - | - | - | - | - | - |" in text

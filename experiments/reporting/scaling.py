@@ -115,10 +115,33 @@ def plot(points: pd.DataFrame, fits: pd.DataFrame, path: Path) -> Figure:
     return fig
 
 
+def tables(points: pd.DataFrame, fits: pd.DataFrame) -> str:
+    """Markdown, one table per panel: S of each series at each W (a point still under way says on how
+    many items), and the series' fitted slope per doubling, R^2 and number of fitted points."""
+    blocks = []
+    for (model, dtype, experiment), panel in points.groupby(PANEL):
+        ws = sorted(int(w) for w in panel["W"].unique())
+        full = int(panel["items"].max())
+        lines = [f"{model} {dtype} / {experiment} ({full} items a point unless marked)", "",
+                 "| series | " + " | ".join(f"W{w}" for w in ws) + " | slope per doubling | R^2 | points |",
+                 "|---" * (len(ws) + 4) + "|"]
+        for series, line in panel.groupby("series"):
+            by_w = {int(r["W"]): r for _, r in line.iterrows()}
+            cells = [("-" if w not in by_w else f"{by_w[w]['S']:.2f}" if by_w[w]["complete"]
+                      else f"{by_w[w]['S']:.2f} ({int(by_w[w]['items'])} items)") for w in ws]
+            fit = fits[(fits["model"] == model) & (fits["dtype"] == dtype) & (fits["experiment"] == experiment)
+                       & (fits["series"] == series)]
+            tail = (["-", "-", "-"] if fit.empty else
+                    [f"{fit.iloc[0]['slope']:.3f}", f"{fit.iloc[0]['r2']:.3f}", str(int(fit.iloc[0]["points"]))])
+            lines.append(f"| {series} | " + " | ".join(cells + tail) + " |")
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks) + "\n"
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("dirs", nargs="+", type=Path, help="result directories (their CSVs are read)")
-    parser.add_argument("--out", type=Path, required=True, help="where points.csv, fits.csv, scaling.png go")
+    parser.add_argument("--out", type=Path, required=True, help="where points.csv, fits.csv, tables.md, scaling.png go")
     args = parser.parse_args(argv)
     points = scaling_points(load_results(args.dirs))
     fits = fit_lines(points)
@@ -126,6 +149,7 @@ def main(argv: list[str] | None = None) -> None:
     points.to_csv(args.out / "points.csv", index=False)
     fits.to_csv(args.out / "fits.csv", index=False)
     plot(points, fits, args.out / "scaling.png")
+    (args.out / "tables.md").write_text(tables(points, fits))
     print(fits.to_string(index=False))
 
 
