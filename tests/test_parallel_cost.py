@@ -50,10 +50,10 @@ def test_a_step_costs_the_slowest_rank_plus_the_gathers() -> None:
 
 def scaling_rows() -> pd.DataFrame:
     """One item: greedy, and linear branches whose S grows with W (as the scaling law says)."""
-    rows = [{"experiment": "mtbench", "model": "m", "decoder": "greedy", "W": None, "N": None, "baseline": True,
+    rows = [{"experiment": "mtbench", "model": "m", "dtype": "float32", "decoder": "greedy", "W": None, "N": None, "baseline": True,
              "item_id": "1", "new_tokens": 129, "steps": 128}]
     for window, s in ((2, 1.2), (8, 1.6), (32, 2.0)):
-        rows.append({"experiment": "mtbench", "model": "m", "decoder": f"w{window}_n5", "W": window, "N": 5,
+        rows.append({"experiment": "mtbench", "model": "m", "dtype": "float32", "decoder": f"w{window}_n5", "W": window, "N": 5,
                      "baseline": False, "item_id": "1", "new_tokens": 129, "steps": round(128 / s)})
     rows.append({**rows[-1], "decoder": "tree_b249_n5"})           # trees are not linear setups: left out
     return pd.DataFrame(rows)
@@ -68,6 +68,19 @@ def test_more_ranks_afford_a_wider_window_on_a_flat_curve() -> None:
     assert table.decoder.iloc[0] != "w32_n5" and table.decoder.iloc[-1] == "w32_n5"
     assert table.speedup.iloc[-1] > 1.2 * table.speedup.iloc[0]
     assert not table.decoder.str.startswith("tree").any()
+
+
+def test_a_model_run_in_two_dtypes_is_projected_per_dtype() -> None:
+    """The sweep runs a model in float32 and bfloat16 under the same decoder names: never pooled."""
+    measured = {"curve_gpu": linear_curve(0.02, flat_until=64).to_rows(), "vocab": 1000, "kv_bytes_per_token": 512,
+                "all_gather_fit": {"alpha": 1e-6, "beta": 1e12}}
+    rows = scaling_rows()
+    bf16 = rows.assign(dtype="bfloat16", steps=rows.steps.where(rows.baseline, 64))   # S 2.0 at every W
+    table = project(measured, pd.concat([rows, bf16], ignore_index=True), "curve_gpu", [1])
+    assert sorted(table.dtype) == ["bfloat16", "float32"]
+    by_dtype = table.set_index("dtype")
+    assert by_dtype.loc["bfloat16", "S"] == pytest.approx(128 / 64)
+    assert by_dtype.loc["float32", "S"] < 2.0
 
 
 def test_costly_communication_makes_more_ranks_slower() -> None:

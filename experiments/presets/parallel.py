@@ -365,7 +365,8 @@ def project(measured: dict, scaling_rows: pd.DataFrame, curve_name: str, ranks: 
     """A projection, not a measurement: for each P, every linear setup of the scaling sweep (W, N,
     its measured S) costed on ``curve_name`` split over P ranks, and the fastest per set and P.
     Assumes every rank computes at the curve's speed (one device each), the ring all-gather model
-    fitted at P = 2, every step with all G candidates, and no other load."""
+    fitted at P = 2, every step with all G candidates, and no other load. Each dtype the sweep ran a
+    model in is its own setup (its S is its own)."""
     from lookahead_core.cost.curve import CostModel
 
     curve = CostModel.from_rows(measured[curve_name])
@@ -374,8 +375,8 @@ def project(measured: dict, scaling_rows: pd.DataFrame, curve_name: str, ranks: 
     base = scaling_rows[scaling_rows.baseline.astype(bool)]
     greedy = curve.latency(1, 1) + curve.host_seconds
     out = []
-    for (experiment, model, decoder), group in linear.groupby(["experiment", "model", "decoder"]):
-        paired = group.item_id.isin(base[base.experiment == experiment].item_id)
+    for (experiment, model, dtype, decoder), group in linear.groupby(["experiment", "model", "dtype", "decoder"]):
+        paired = group.item_id.isin(base[(base.experiment == experiment) & (base.dtype == dtype)].item_id)
         group = group[paired]
         if group.empty:
             continue
@@ -387,13 +388,13 @@ def project(measured: dict, scaling_rows: pd.DataFrame, curve_name: str, ranks: 
             seconds = step_seconds(curve, comm, window, ngram, window, p, measured["vocab"],
                                    measured["kv_bytes_per_token"], s, curve.host_seconds,
                                    dtype_bytes=2 if measured.get("dtype") == "float16" else 4)
-            out.append({"experiment": experiment, "model": model, "decoder": decoder, "W": window, "N": ngram,
+            out.append({"experiment": experiment, "model": model, "dtype": dtype, "decoder": decoder, "W": window, "N": ngram,
                         "S": s, "P": p, "step_ms": 1e3 * seconds, "speedup": s * greedy / seconds})
     table = pd.DataFrame(out)
     if table.empty:
         return table
-    best = table.loc[table.groupby(["experiment", "model", "P"]).speedup.idxmax()]
-    return best.sort_values(["experiment", "model", "P"]).reset_index(drop=True)
+    best = table.loc[table.groupby(["experiment", "model", "dtype", "P"]).speedup.idxmax()]
+    return best.sort_values(["experiment", "model", "dtype", "P"]).reset_index(drop=True)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
