@@ -16,8 +16,8 @@ def _rows(series, tree=False, pool=False):
     rows = []
     for W, (S, fed) in series.items():
         for item, steps in (("a", 10), ("b", 30)):
-            rows.append({"model": "m", "dtype": "float32", "experiment": "e", "decoder": "lookahead", "baseline": "greedy",
-                         "item_id": item, "N": 5, "W": W, "G": W, "prompt_pool": pool,
+            rows.append({"model": "m", "dtype": "float32", "experiment": "e", "decoder": "lookahead",
+                         "baseline": "greedy", "item_id": item, "N": 5, "W": W, "G": W, "prompt_pool": pool,
                          "params": json.dumps({"tree": tree, "window": W}),
                          "steps": steps, "new_tokens": S * steps, "step_tokens_mean": fed})
     return rows
@@ -25,9 +25,9 @@ def _rows(series, tree=False, pool=False):
 
 def test_a_line_in_log2_fed_is_recovered_exactly():
     series = {W: (1.0 + 0.4 * np.log2(4.0 * W), 4.0 * W) for W in (2, 4, 8, 16, 32)}
-    baseline = {"model": "m", "dtype": "float32", "experiment": "e", "decoder": "greedy", "baseline": "greedy", "item_id": "a",
-                "N": np.nan, "W": np.nan, "G": np.nan, "prompt_pool": None, "params": "null", "steps": 40,
-                "new_tokens": 40, "step_tokens_mean": 1.0}
+    baseline = {"model": "m", "dtype": "float32", "experiment": "e", "decoder": "greedy", "baseline": "greedy",
+                "item_id": "a", "N": np.nan, "W": np.nan, "G": np.nan, "prompt_pool": None, "params": "null",
+                "steps": 40, "new_tokens": 40, "step_tokens_mean": 1.0}
     points = scaling_points(pd.DataFrame(_rows(series) + [baseline]))
     assert list(points["series"].unique()) == ["window N5"]
     assert points["S"].tolist() == pytest.approx([series[W][0] for W in (2, 4, 8, 16, 32)])
@@ -112,9 +112,11 @@ def test_the_markdown_table_gives_each_series_its_s_per_w_and_its_fit():
     series = {W: (1.0 + 0.4 * np.log2(4.0 * W), 4.0 * W) for W in (2, 4, 8)}
     rows = _rows(series) + [r for r in _rows({16: (9.0, 64.0)}) if r["item_id"] == "a"]
     rows += _rows({2: (2.5, 8.0)}, tree=True, pool=True)
+    rows[0]["diff_verdict"], rows[2]["diff_verdict"] = "near_tie", "mismatch"
     points = scaling_points(pd.DataFrame(rows))
     text = tables(points, fit_lines(points))
     assert text.splitlines()[0] == "m float32 / e (2 items a point unless marked)"
     assert "| series | W2 | W4 | W8 | W16 | slope per doubling | R^2 | points |" in text
     assert "| window N5 | 2.20 | 2.60 | 3.00 | 9.00 (1 items) | 0.400 | 1.000 | 3 |" in text
     assert "| tree N5 +pool | 2.50 | - | - | - | - | - | - |" in text
+    assert "Rows equal to greedy: 7 of 9; left it at a near-tie: 1; at a confident token (a bug): 1." in text

@@ -46,16 +46,20 @@ def _series(row: pd.Series) -> str:
 def scaling_points(df: pd.DataFrame) -> pd.DataFrame:
     """One point per run setup of a core decoder (rows with an N): S = new tokens / steps and
     fed = tokens fed per step, both summed over the setup's rows (a long item weighs by its steps,
-    as in the step compression)."""
+    as in the step compression); ``near_tie`` and ``mismatch``: its rows whose output left greedy's,
+    by the verdict on the first differing token."""
     df = df.copy()
     df["tree"] = [bool((json.loads(p) or {}).get("tree", False)) if isinstance(p, str) and p else False
                   for p in df.get("params", pd.Series([None] * len(df), index=df.index))]
     df = df[(df["steps"].fillna(0) > 0) & df["N"].notna()]  # core decoders' rows: those with an N
     df["prompt_pool"] = df["prompt_pool"].fillna(False).astype(bool)
     df["fed_total"] = df["step_tokens_mean"] * df["steps"]
+    verdict = df["diff_verdict"] if "diff_verdict" in df else pd.Series(None, index=df.index, dtype=object)
+    df["near_tie"], df["mismatch"] = (verdict == "near_tie").astype(int), (verdict == "mismatch").astype(int)
     grouped = df.groupby(SETUP, dropna=False).agg(
-        items=("item_id", "nunique"), new_tokens=("new_tokens", "sum"), steps=("steps", "sum"),
-        fed_total=("fed_total", "sum")).reset_index()
+        items=("item_id", "nunique"), rows=("item_id", "size"), new_tokens=("new_tokens", "sum"),
+        steps=("steps", "sum"), fed_total=("fed_total", "sum"), near_tie=("near_tie", "sum"),
+        mismatch=("mismatch", "sum")).reset_index()
     grouped["S"] = grouped["new_tokens"] / grouped["steps"]
     grouped["fed"] = grouped["fed_total"] / grouped["steps"]
     grouped["log2_fed"] = np.log2(grouped["fed"])
@@ -90,7 +94,8 @@ def plot(points: pd.DataFrame, fits: pd.DataFrame, path: Path) -> Figure:
     (hollow: a point still under way, left out of the fit), and the paper's points of that
     experiment (black marks); a figure outside pyplot, as the report draws its own."""
     panels = list(points.groupby(PANEL))
-    colors = {series: f"C{i % 10}" for i, series in enumerate(sorted(points["series"].unique()))}   # the same in every panel
+    # one color a series, the same in every panel
+    colors = {series: f"C{i % 10}" for i, series in enumerate(sorted(points["series"].unique()))}
     fig = Figure(figsize=(5 * len(panels), 4), layout="tight")
     axes = fig.subplots(1, len(panels), squeeze=False)
     for ax, ((model, dtype, experiment), group) in zip(axes[0], panels):
@@ -117,7 +122,8 @@ def plot(points: pd.DataFrame, fits: pd.DataFrame, path: Path) -> Figure:
 
 def tables(points: pd.DataFrame, fits: pd.DataFrame) -> str:
     """Markdown, one table per panel: S of each series at each W (a point still under way says on how
-    many items), and the series' fitted slope per doubling, R^2 and number of fitted points."""
+    many items), and the series' fitted slope per doubling, R^2 and number of fitted points; under it,
+    how many of the panel's rows left greedy's output, and by which verdict."""
     blocks = []
     for (model, dtype, experiment), panel in points.groupby(PANEL):
         ws = sorted(int(w) for w in panel["W"].unique())
@@ -134,6 +140,10 @@ def tables(points: pd.DataFrame, fits: pd.DataFrame) -> str:
             tail = (["-", "-", "-"] if fit.empty else
                     [f"{fit.iloc[0]['slope']:.3f}", f"{fit.iloc[0]['r2']:.3f}", str(int(fit.iloc[0]["points"]))])
             lines.append(f"| {series} | " + " | ".join(cells + tail) + " |")
+        rows = int(panel["rows"].sum())
+        lines += ["", f"Rows equal to greedy: {rows - int(panel['near_tie'].sum() + panel['mismatch'].sum())} of "
+                      f"{rows}; left it at a near-tie: {int(panel['near_tie'].sum())}; at a confident token "
+                      f"(a bug): {int(panel['mismatch'].sum())}."]
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks) + "\n"
 
