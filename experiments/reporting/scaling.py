@@ -90,15 +90,21 @@ def fit_lines(points: pd.DataFrame) -> pd.DataFrame:
 
 
 def plot(points: pd.DataFrame, fits: pd.DataFrame, path: Path) -> Figure:
-    """One panel per (model, dtype, experiment): S against tokens fed per step (log2 axis), points and fits
-    (hollow: a point still under way, left out of the fit), and the paper's points of that
-    experiment (black marks); a figure outside pyplot, as the report draws its own."""
-    panels = list(points.groupby(PANEL))
+    """One panel per (model, dtype, experiment), a row per model and dtype and a column per
+    experiment: S against tokens fed per step (log2 axis), points and fits (hollow: a point still
+    under way, left out of the fit), and the paper's points of that experiment (black marks); a
+    figure outside pyplot, as the report draws its own."""
+    runs = sorted(points.groupby(["model", "dtype"]).groups)
+    experiments = sorted(points["experiment"].unique())
     # one color a series, the same in every panel
     colors = {series: f"C{i % 10}" for i, series in enumerate(sorted(points["series"].unique()))}
-    fig = Figure(figsize=(5 * len(panels), 4), layout="tight")
-    axes = fig.subplots(1, len(panels), squeeze=False)
-    for ax, ((model, dtype, experiment), group) in zip(axes[0], panels):
+    fig = Figure(figsize=(6 * len(experiments), 4.5 * len(runs)), layout="tight")
+    axes = fig.subplots(len(runs), len(experiments), squeeze=False)
+    for ax in axes.flat:
+        ax.set_visible(False)                       # a model not run on a set leaves its panel empty
+    for (model, dtype, experiment), group in points.groupby(PANEL):
+        ax = axes[runs.index((model, dtype)), experiments.index(experiment)]
+        ax.set_visible(True)
         for series, line in group.groupby("series"):
             done, running = line[line["complete"]], line[~line["complete"]]
             ax.plot(done["fed"], done["S"], "o", color=colors[series], label=series)
