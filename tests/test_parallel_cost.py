@@ -50,11 +50,11 @@ def test_a_step_costs_the_slowest_rank_plus_the_gathers() -> None:
 
 def scaling_rows() -> pd.DataFrame:
     """One item: greedy, and linear branches whose S grows with W (as the scaling law says)."""
-    rows = [{"experiment": "mtbench", "model": "m", "dtype": "float32", "decoder": "greedy", "W": None, "N": None, "baseline": True,
-             "item_id": "1", "new_tokens": 129, "steps": 128}]
+    rows = [{"experiment": "mtbench", "model": "m", "dtype": "float32", "decoder": "greedy", "W": None, "N": None,
+             "baseline": True, "item_id": "1", "new_tokens": 129, "steps": 128}]
     for window, s in ((2, 1.2), (8, 1.6), (32, 2.0)):
-        rows.append({"experiment": "mtbench", "model": "m", "dtype": "float32", "decoder": f"w{window}_n5", "W": window, "N": 5,
-                     "baseline": False, "item_id": "1", "new_tokens": 129, "steps": round(128 / s)})
+        rows.append({"experiment": "mtbench", "model": "m", "dtype": "float32", "decoder": f"w{window}_n5",
+                     "W": window, "N": 5, "baseline": False, "item_id": "1", "new_tokens": 129, "steps": round(128 / s)})
     rows.append({**rows[-1], "decoder": "tree_b249_n5"})           # trees are not linear setups: left out
     return pd.DataFrame(rows)
 
@@ -81,6 +81,15 @@ def test_a_model_run_in_two_dtypes_is_projected_per_dtype() -> None:
     by_dtype = table.set_index("dtype")
     assert by_dtype.loc["bfloat16", "S"] == pytest.approx(128 / 64)
     assert by_dtype.loc["float32", "S"] < 2.0
+
+
+def test_only_the_measured_models_rows_are_projected() -> None:
+    measured = {"model": "m", "curve_gpu": linear_curve(0.02, flat_until=64).to_rows(), "vocab": 1000,
+                "kv_bytes_per_token": 512, "all_gather_fit": {"alpha": 1e-6, "beta": 1e12}}
+    rows = scaling_rows()
+    other = rows.assign(model="other")
+    table = project(measured, pd.concat([rows, other], ignore_index=True), "curve_gpu", [1, 2])
+    assert set(table.model) == {"m"} and len(table) == 2
 
 
 def test_costly_communication_makes_more_ranks_slower() -> None:

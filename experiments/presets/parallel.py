@@ -365,12 +365,14 @@ def project(measured: dict, scaling_rows: pd.DataFrame, curve_name: str, ranks: 
     """A projection, not a measurement: for each P, every linear setup of the scaling sweep (W, N,
     its measured S) costed on ``curve_name`` split over P ranks, and the fastest per set and P.
     Assumes every rank computes at the curve's speed (one device each), the ring all-gather model
-    fitted at P = 2, every step with all G candidates, and no other load. Each dtype the sweep ran a
-    model in is its own setup (its S is its own)."""
+    fitted at P = 2, every step with all G candidates, and no other load. Only the rows of the model
+    whose curve was measured are costed; each dtype the sweep ran it in is its own setup."""
     from lookahead_core.cost.curve import CostModel
 
     curve = CostModel.from_rows(measured[curve_name])
     comm = AllGather(**measured["all_gather_fit"])
+    if "model" in measured:                       # another model's S on this model's curve means nothing
+        scaling_rows = scaling_rows[scaling_rows.model == measured["model"]]
     linear = scaling_rows[~scaling_rows.decoder.str.startswith("tree") & scaling_rows.W.notna()]
     base = scaling_rows[scaling_rows.baseline.astype(bool)]
     greedy = curve.latency(1, 1) + curve.host_seconds
@@ -388,8 +390,8 @@ def project(measured: dict, scaling_rows: pd.DataFrame, curve_name: str, ranks: 
             seconds = step_seconds(curve, comm, window, ngram, window, p, measured["vocab"],
                                    measured["kv_bytes_per_token"], s, curve.host_seconds,
                                    dtype_bytes=2 if measured.get("dtype") == "float16" else 4)
-            out.append({"experiment": experiment, "model": model, "dtype": dtype, "decoder": decoder, "W": window, "N": ngram,
-                        "S": s, "P": p, "step_ms": 1e3 * seconds, "speedup": s * greedy / seconds})
+            out.append({"experiment": experiment, "model": model, "dtype": dtype, "decoder": decoder,
+                        "W": window, "N": ngram, "S": s, "P": p, "step_ms": 1e3 * seconds, "speedup": s * greedy / seconds})
     table = pd.DataFrame(out)
     if table.empty:
         return table
