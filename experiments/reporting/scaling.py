@@ -20,6 +20,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from experiments.reporting.report import load_results
+from experiments.reporting.tables import markdown
 
 # A panel is one model in one dtype on one data set (a dtype rounds the model differently, so its S
 # is its own); a point is one decoder setup within a panel.
@@ -71,8 +72,8 @@ def scaling_points(df: pd.DataFrame) -> pd.DataFrame:
 
 def fit_lines(points: pd.DataFrame) -> pd.DataFrame:
     """Per panel (model, dtype, experiment) and series, with at least 3 distinct budgets among its
-    complete points (as many items as the panel's fullest point): the least-squares line of S on log2(fed), its R^2
-    and the range it was fitted over."""
+    complete points (as many items as the panel's fullest point): the least-squares line of S on
+    log2(fed), its R^2 and the range it was fitted over."""
     fits = []
     for (model, dtype, experiment, series), group in points[points["complete"]].groupby([*PANEL, "series"]):
         x, y = group["log2_fed"].to_numpy(float), group["S"].to_numpy(float)
@@ -87,6 +88,12 @@ def fit_lines(points: pd.DataFrame) -> pd.DataFrame:
                      "fed_min": float(group["fed"].min()), "fed_max": float(group["fed"].max())})
     return pd.DataFrame(fits, columns=[*PANEL, "series", "points", "slope", "intercept", "r2",
                                        "fed_min", "fed_max"])
+
+
+def _fit(fits: pd.DataFrame, panel: tuple, series: str) -> pd.Series | None:
+    """The fitted line of ``series`` in ``panel`` (a (model, dtype, experiment) key), if it has one."""
+    found = fits[(fits[PANEL] == pd.Series(panel, index=PANEL)).all(axis=1) & (fits["series"] == series)]
+    return None if found.empty else found.iloc[0]
 
 
 def plot(points: pd.DataFrame, fits: pd.DataFrame, path: Path) -> Figure:
@@ -109,10 +116,8 @@ def plot(points: pd.DataFrame, fits: pd.DataFrame, path: Path) -> Figure:
             done, running = line[line["complete"]], line[~line["complete"]]
             ax.plot(done["fed"], done["S"], "o", color=colors[series], label=series)
             ax.plot(running["fed"], running["S"], "o", color=colors[series], markerfacecolor="none")
-            fit = fits[(fits["model"] == model) & (fits["dtype"] == dtype) & (fits["experiment"] == experiment)
-                       & (fits["series"] == series)]
-            if len(fit):
-                f = fit.iloc[0]
+            f = _fit(fits, (model, dtype, experiment), series)
+            if f is not None:
                 xs = np.linspace(np.log2(f["fed_min"]), np.log2(f["fed_max"]), 20)
                 ax.plot(2 ** xs, f["intercept"] + f["slope"] * xs, "-", color=colors[series], alpha=0.6)
         for _, ref in PAPER[PAPER["experiment"] == experiment].iterrows():
@@ -131,26 +136,23 @@ def tables(points: pd.DataFrame, fits: pd.DataFrame) -> str:
     many items), and the series' fitted slope per doubling, R^2 and number of fitted points; under it,
     how many of the panel's rows left greedy's output, and by which verdict."""
     blocks = []
-    for (model, dtype, experiment), panel in points.groupby(PANEL):
+    for key, panel in points.groupby(PANEL):
         ws = sorted(int(w) for w in panel["W"].unique())
-        full = int(panel["items"].max())
-        lines = [f"{model} {dtype} / {experiment} ({full} items a point unless marked)", "",
-                 "| series | " + " | ".join(f"W{w}" for w in ws) + " | slope per doubling | R^2 | points |",
-                 "|---" * (len(ws) + 4) + "|"]
+        table = []
         for series, line in panel.groupby("series"):
-            by_w = {int(r["W"]): r for _, r in line.iterrows()}
-            cells = [("-" if w not in by_w else f"{by_w[w]['S']:.2f}" if by_w[w]["complete"]
-                      else f"{by_w[w]['S']:.2f} ({int(by_w[w]['items'])} items)") for w in ws]
-            fit = fits[(fits["model"] == model) & (fits["dtype"] == dtype) & (fits["experiment"] == experiment)
-                       & (fits["series"] == series)]
-            tail = (["-", "-", "-"] if fit.empty else
-                    [f"{fit.iloc[0]['slope']:.3f}", f"{fit.iloc[0]['r2']:.3f}", str(int(fit.iloc[0]["points"]))])
-            lines.append(f"| {series} | " + " | ".join(cells + tail) + " |")
-        rows = int(panel["rows"].sum())
-        lines += ["", f"Rows equal to greedy: {rows - int(panel['near_tie'].sum() + panel['mismatch'].sum())} of "
-                      f"{rows}; left it at a near-tie: {int(panel['near_tie'].sum())}; at a confident token "
-                      f"(a bug): {int(panel['mismatch'].sum())}."]
-        blocks.append("\n".join(lines))
+            row = {"series": series} | {f"W{w}": "-" for w in ws}
+            for _, point in line.iterrows():
+                row[f"W{int(point['W'])}"] = f"{point['S']:.2f}" + (
+                    "" if point["complete"] else f" ({int(point['items'])} items)")
+            fit = _fit(fits, key, series)
+            row |= ({"slope per doubling": "-", "R^2": "-", "points": "-"} if fit is None else
+                    {"slope per doubling": f"{fit['slope']:.3f}", "R^2": f"{fit['r2']:.3f}",
+                     "points": str(int(fit["points"]))})
+            table.append(row)
+        rows, near, bad = (int(panel[c].sum()) for c in ("rows", "near_tie", "mismatch"))
+        blocks.append(f"{' '.join(key[:2])} / {key[2]} ({int(panel['items'].max())} items a point unless marked)"
+                      f"\n\n{markdown(pd.DataFrame(table))}\n\nRows equal to greedy: {rows - near - bad} of "
+                      f"{rows}; left it at a near-tie: {near}; at a confident token (a bug): {bad}.")
     return "\n\n".join(blocks) + "\n"
 
 

@@ -12,9 +12,9 @@
 # A bfloat16 row may leave greedy at a near-tie (diff_verdict), never at a confident token.
 # One model at a time, N by N, smallest step first, so that each run adds whole lines to the fit. Every job
 # resumes: rerun the script to go on. MODELS=, SETS=, NS=, WS= limit it. On the 2-core CPU the whole grid is
-# about 70 CPU-hours (SmolLM2 ~20, Qwen ~50: a 769-token step costs ~28 one-token steps), so it spans
-# sessions (run one model per core: MODELS=smollm2_135m and MODELS=qwen25_coder_05b side by side); on a
-# GPU it takes minutes (see results/scaling/README.md).
+# about 35 CPU-hours (SmolLM2 in float32 ~20, Qwen in bfloat16 ~15; all in float32 ~70), so it spans
+# sessions (one process per core, each on its own model or set: SETS=mtbench and SETS=humaneval side by
+# side); on a GPU it takes minutes (see results/scaling/README.md).
 # Then: python -m experiments.reporting.scaling results/scaling/mtbench results/scaling/humaneval --out results/scaling/report
 set -u
 cd "$(dirname "$0")/../../.."
