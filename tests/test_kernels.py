@@ -4,9 +4,13 @@ losslessness of lookahead on a swapped model, and the harness's ``model.linear``
 
 from __future__ import annotations
 
+import importlib.util
+
+import pandas as pd
 import pytest
 import torch
 
+from experiments.data.datasets import repo_root
 from experiments.models.loader import load_model
 from lookahead_core import LookaheadConfig, decode, kernels
 from lookahead_core.config import DecodeLimits
@@ -99,3 +103,30 @@ def test_stream_is_refused_where_it_cannot_run(monkeypatch):
         load_model("tiny-llama", linear="stream")
     model, _ = load_model("tiny-llama", linear="auto")                 # auto: stock, nothing raised
     assert kernels.linear_kernel(model) == "stock"
+
+
+@needs_kernel
+def test_kernel_curves_script_writes_one_row_per_kernel_dtype_and_size(tmp_path, capsys):
+    """scripts/kernel_curves.py end to end on a tiny model: float32 times both kernels, bfloat16 only
+    PyTorch's; each row's ratio is to its own dtype's stock one-token forward."""
+    spec = importlib.util.spec_from_file_location("kernel_curves", repo_root() / "scripts" / "kernel_curves.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    threads = torch.get_num_threads()
+    try:
+        script.main(["--models", "tiny-llama", "--threads", "1", "--repeats", "1", "--dtypes", "float32", "bfloat16",
+                     "--sizes", "1", "3", "--out", str(tmp_path)])
+    finally:
+        torch.set_num_threads(threads)
+    table = pd.read_csv(tmp_path / "curves.csv")
+    assert sorted(zip(table.dtype, table.linear, table.k)) == [
+        ("bfloat16", "stock", 1), ("bfloat16", "stock", 3),
+        ("float32", "stock", 1), ("float32", "stock", 3), ("float32", "stream", 1), ("float32", "stream", 3)]
+    assert (table.ms > 0).all() and (table.threads == 1).all() and table.host.notna().all()
+    for dtype, rows in table.groupby("dtype"):
+        one = rows[(rows.linear == "stock") & (rows.k == 1)]
+        assert one.x_stock_t1.tolist() == [1.0], dtype
+        ratio = rows.ms / one.ms.iloc[0]                                  # both written to 4 significant digits
+        assert ((rows.x_stock_t1 - ratio).abs() <= 1e-3 * ratio).all(), dtype
+    printed = capsys.readouterr().out
+    assert "| tiny-llama | bfloat16 | 1 | stock |" in printed and "| tiny-llama | float32 | 1 | stream |" in printed
