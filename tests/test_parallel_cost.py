@@ -59,10 +59,16 @@ def scaling_rows() -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def gpu_record(alpha: float = 1e-6, beta: float = 1e12) -> dict:
+    """A ``measure`` record of model "m" (scaling_rows' model): a GPU-like curve, flat up to 64 tokens,
+    and an all-gather of latency ``alpha`` and bandwidth ``beta``."""
+    return {"model": "m", "curve_gpu": linear_curve(0.02, flat_until=64).to_rows(), "vocab": 1000,
+            "kv_bytes_per_token": 512, "all_gather_fit": {"alpha": alpha, "beta": beta}}
+
+
 def test_more_ranks_afford_a_wider_window_on_a_flat_curve() -> None:
     """On a GPU-like curve (flat up to 64 tokens), one rank picks a mid window and more ranks the widest."""
-    measured = {"curve_gpu": linear_curve(0.02, flat_until=64).to_rows(), "vocab": 1000, "kv_bytes_per_token": 512,
-                "all_gather_fit": {"alpha": 1e-6, "beta": 1e12}}
+    measured = gpu_record()
     table = project(measured, scaling_rows(), "curve_gpu", [1, 2, 4, 8])
     assert list(table.P) == [1, 2, 4, 8]
     assert table.decoder.iloc[0] != "w32_n5" and table.decoder.iloc[-1] == "w32_n5"
@@ -72,8 +78,7 @@ def test_more_ranks_afford_a_wider_window_on_a_flat_curve() -> None:
 
 def test_a_model_run_in_two_dtypes_is_projected_per_dtype() -> None:
     """The sweep runs a model in float32 and bfloat16 under the same decoder names: never pooled."""
-    measured = {"curve_gpu": linear_curve(0.02, flat_until=64).to_rows(), "vocab": 1000, "kv_bytes_per_token": 512,
-                "all_gather_fit": {"alpha": 1e-6, "beta": 1e12}}
+    measured = gpu_record()
     rows = scaling_rows()
     bf16 = rows.assign(dtype="bfloat16", steps=rows.steps.where(rows.baseline, 64))   # S 2.0 at every W
     table = project(measured, pd.concat([rows, bf16], ignore_index=True), "curve_gpu", [1])
@@ -84,8 +89,7 @@ def test_a_model_run_in_two_dtypes_is_projected_per_dtype() -> None:
 
 
 def test_only_the_measured_models_rows_are_projected() -> None:
-    measured = {"model": "m", "curve_gpu": linear_curve(0.02, flat_until=64).to_rows(), "vocab": 1000,
-                "kv_bytes_per_token": 512, "all_gather_fit": {"alpha": 1e-6, "beta": 1e12}}
+    measured = gpu_record()
     rows = scaling_rows()
     other = rows.assign(model="other")
     table = project(measured, pd.concat([rows, other], ignore_index=True), "curve_gpu", [1, 2])
@@ -93,8 +97,7 @@ def test_only_the_measured_models_rows_are_projected() -> None:
 
 
 def test_costly_communication_makes_more_ranks_slower() -> None:
-    measured = {"curve_gpu": linear_curve(0.02, flat_until=64).to_rows(), "vocab": 1000, "kv_bytes_per_token": 512,
-                "all_gather_fit": {"alpha": 5e-3, "beta": 1e9}}
+    measured = gpu_record(alpha=5e-3, beta=1e9)
     table = project(measured, scaling_rows(), "curve_gpu", [1, 2, 4, 8])
     assert table.speedup.iloc[-1] < table.speedup.iloc[0]
 

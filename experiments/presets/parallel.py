@@ -371,8 +371,7 @@ def project(measured: dict, scaling_rows: pd.DataFrame, curve_name: str, ranks: 
 
     curve = CostModel.from_rows(measured[curve_name])
     comm = AllGather(**measured["all_gather_fit"])
-    if "model" in measured:                       # another model's S on this model's curve means nothing
-        scaling_rows = scaling_rows[scaling_rows.model == measured["model"]]
+    scaling_rows = scaling_rows[scaling_rows.model == measured["model"]]   # another model's S means nothing here
     linear = scaling_rows[~scaling_rows.decoder.str.startswith("tree") & scaling_rows.W.notna()]
     base = scaling_rows[scaling_rows.baseline.astype(bool)]
     greedy = curve.latency(1, 1) + curve.host_seconds

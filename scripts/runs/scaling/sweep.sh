@@ -8,7 +8,8 @@
 # sweep began before the streaming kernel existed (docs/cpu_kernels.md) and stays on one kernel throughout.
 # DTYPE= sets model.dtype (default float32). Qwen2.5-Coder-0.5B runs in bfloat16 (DTYPE=bfloat16): on this
 # CPU's AMX units a 769-token step costs 1.5 s against 5.4 s in float32 (scripts/kernel_curves.py --dtypes),
-# which brings its grid from ~50 to ~15 CPU-hours; its float32 rows at W2 N3 stay beside them as the check that the dtype does not move S.
+# which brings its grid from ~50 to ~15 CPU-hours; its float32 rows at W2 N3 stay beside them as the check
+# that the dtype does not move S.
 # A bfloat16 row may leave greedy at a near-tie (diff_verdict), never at a confident token.
 # One model at a time, N by N, smallest step first, so that each run adds whole lines to the fit. Every job
 # resumes: rerun the script to go on. MODELS=, SETS=, NS=, WS= limit it. On the 2-core CPU the whole grid is
