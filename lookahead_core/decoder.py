@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import time
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -28,7 +29,7 @@ from .inputs import check_vocabulary, validate_input_ids
 from .positions import fit_step
 from .pool import NGramPool
 from .sources import active
-from .verify import Verifier, make_verifier
+from .verify import Verifier, make_verifier, verify_greedy
 
 
 @dataclass
@@ -40,9 +41,9 @@ class DecodeStats:
     steps: int = 0                                        # forwards after the prefill
     step_tokens: list[int] = field(default_factory=list)  # tokens fed per step
     accepted: list[int] = field(default_factory=list)     # tokens committed per step
-    prefill_seconds: float = 0.0
-    decode_seconds: float = 0.0                           # the whole step loop
-    model_seconds: float = 0.0                            # inside the model's forward
+    prefill_seconds: float = 0.0                          # the prefill's forward (device time on a GPU)
+    decode_seconds: float = 0.0                           # the whole step loop, wall clock
+    model_seconds: float = 0.0                            # inside the model's forwards (device time on a GPU)
     comm_seconds: float = 0.0                             # of that, in collectives (lookahead parallelism)
     drafts: DraftStats = field(default_factory=DraftStats)  # fed / tried / accepted per source and depth
 
@@ -178,6 +179,7 @@ class _Sequence:
     pool: NGramPool | None
     stats: DecodeStats
     progress: _Progress | None = None
+    spans: list = field(default_factory=list)     # the forwards it took part in (ForwardClock.span)
 
     @property
     def committed(self) -> int:
@@ -198,7 +200,8 @@ def _run(model, prompts: list[list[int]], lookahead: LookaheadConfig | None, lim
     require_branching_support(lm, lookahead)     # the probe, once per model: refuses what it would get wrong
     seqs = [_Sequence(p, list(p), v, None, _pool_for(lookahead, state), DecodeStats()) for p, v in zip(prompts, verifiers)]
     hidden = lookahead is not None and any(kind.hidden for kind, _ in active(lookahead))
-    cache, first = _prefill(lm, prompts, state, [s.stats for s in seqs], hidden)
+    clock = ForwardClock(lm.device)
+    cache, first = _prefill(lm, prompts, state, [s.stats for s in seqs], hidden, clock)
     for seq, (logits, last_hidden) in zip(seqs, first):
         seq.progress = _accept(seq.tokens, seq.verify(EMPTY_TREE, logits[None]).tokens, 0, limits, tokenizer,
                                len(seq.prompt))
@@ -218,6 +221,7 @@ def _run(model, prompts: list[list[int]], lookahead: LookaheadConfig | None, lim
         for r in done:
             seq = seqs[live[r]]
             seq.stats.decode_seconds = time.perf_counter() - start
+            seq.stats.model_seconds = clock.seconds(seq.spans)
             seq.stats.new_tokens = seq.progress.count
             keep_pool = lookahead is not None and lookahead.keep_pool
             out_state = DecodeState(sequence_cache(cache, r, seq.committed), seq.tokens[:-1],
@@ -236,14 +240,14 @@ def _run(model, prompts: list[list[int]], lookahead: LookaheadConfig | None, lim
         batch = [seqs[i] for i in live]
         steps = [_plan(seq, lm.position_limit) for seq in batch]
         past, valid = cache.get_seq_length(), [seq.committed for seq in batch]
-        t0, comm = time.perf_counter(), lm.comm_seconds
-        outs = lm.forward_batch(cache, [step.feed for step in steps], hidden)
+        comm = lm.comm_seconds
+        with clock.span() as span:
+            outs = lm.forward_batch(cache, [step.feed for step in steps], hidden)
         logits, states = zip(*outs) if hidden else (outs, [None] * len(outs))
-        if logits[0].is_cuda:
-            torch.cuda.synchronize(logits[0].device)
-        elapsed = time.perf_counter() - t0
-        keep = [_finish(seq, step, row_logits, row_states, elapsed, limits, tokenizer)
-                for seq, step, row_logits, row_states in zip(batch, steps, logits, states)]
+        keep = []
+        for seq, step, row_logits, row_states, read in zip(batch, steps, logits, states, _read(batch, steps, logits)):
+            seq.spans.append(span)
+            keep.append(_finish(seq, step, row_logits, row_states, read, limits, tokenizer))
         lm.commit(cache, past, keep, valid)
         for seq in batch:
             seq.stats.comm_seconds += lm.comm_seconds - comm
@@ -285,33 +289,66 @@ def _plan(seq: _Sequence, position_limit: int | None) -> _Plan:
     return _Plan(tree, layout, Feed(fed, layout.offsets, visible, seq.committed, layout.logit_rows), window is not None)
 
 
-def _finish(seq: _Sequence, plan: _Plan, logits: torch.Tensor, hidden: torch.Tensor | None, seconds: float,
+@dataclass(frozen=True)
+class _Read:
+    """What the host reads of one sequence's step logits."""
+
+    argmax: list[int] | None = None          # every logit row's argmax (greedy verification, the window)
+    topk: torch.Tensor | None = None         # (r, k) top-k tokens of every row (Token Recycling)
+    topk_probs: torch.Tensor | None = None   # (r, k) their probabilities
+
+
+def _read(batch: list[_Sequence], plans: list[_Plan], logits: list[torch.Tensor]) -> list[_Read]:
+    """The step's logits as the host needs them, for every sequence of the batch in one copy (two
+    with Token Recycling's top-k): each row's argmax where a sequence verifies greedily or advances
+    a window, its top-k where a source learns from it."""
+    wants = [seq.verify is verify_greedy or plan.windowed for seq, plan in zip(batch, plans)]
+    k = max((seq.proposer.topk for seq in batch if seq.proposer is not None), default=0)
+    if not any(wants) and not k:
+        return [_Read()] * len(batch)
+    sizes = [len(rows) for rows in logits]
+    flat = torch.cat(logits) if len(logits) > 1 else logits[0]
+    if k:
+        top = flat.topk(k, dim=-1)
+        host = torch.cat([flat.argmax(-1, keepdim=True), top.indices], 1).cpu()
+        probs = (top.values - flat.logsumexp(-1, keepdim=True)).exp().float().cpu()
+        argmax, topk = host[:, 0].tolist(), host[:, 1:]
+    else:
+        argmax, topk, probs = flat.argmax(-1).tolist(), None, None
+    reads, at = [], 0
+    for n in sizes:
+        reads.append(_Read(argmax[at:at + n], None if topk is None else topk[at:at + n],
+                           None if probs is None else probs[at:at + n]))
+        at += n
+    return reads
+
+
+def _finish(seq: _Sequence, plan: _Plan, logits: torch.Tensor, hidden: torch.Tensor | None, read: _Read,
             limits: DecodeLimits, tokenizer) -> list[int]:
-    """Verify the sequence's step (logits (r, V), last hidden states (r, H) or None), commit its tokens,
-    update its sources; return the step rows whose KV it keeps: the input token's and the accepted
-    path's (the last token has none yet)."""
+    """Verify the sequence's step (logits (r, V) and last hidden states (r, H) or None, on the model's
+    device; ``read``: what the host has read of the logits), commit its tokens, update its sources;
+    return the step rows whose KV it keeps: the input token's and the accepted path's (the last
+    token has none yet)."""
     stats, layout, fed = seq.stats, plan.layout, plan.feed.tokens
     stats.steps += 1
-    stats.model_seconds += seconds
     stats.step_tokens.append(layout.size)
-    verdict = seq.verify(plan.tree, logits[layout.tree_logits])                     # logits (n+1, V)
+    proposer = seq.proposer
+    verdict = seq.verify(plan.tree, logits, layout.tree_logits.tolist(), read.argmax)
     before = len(seq.tokens)
     seq.progress = _accept(seq.tokens, verdict.tokens, seq.progress.count, limits, tokenizer, len(seq.prompt))
     kept = len(seq.tokens) - before              # what survived EOS / max / stop truncation
     stats.accepted.append(kept)
     path_rows = layout.tree_rows[verdict.path].tolist() if verdict.path else []
-    proposer = seq.proposer
     if proposer is not None:
         outcome = StepOutcome(seq.tokens, before, fed[0])
         if plan.windowed:
-            outcome = replace(outcome, window_next=logits[layout.last_level_logits].argmax(-1).tolist())
+            outcome = replace(outcome, window_next=[read.argmax[r] for r in layout.last_level_logits.tolist()])
         if proposer.topk:
-            top = logits.topk(proposer.topk, dim=-1)
-            probs = (top.values - logits.logsumexp(-1, keepdim=True)).exp()
             outcome = replace(outcome, row_tokens=[fed[r] for r in layout.logit_rows.tolist()],
-                              row_topk=top.indices.cpu(), row_topk_probs=probs.float().cpu())
+                              row_topk=read.topk, row_topk_probs=read.topk_probs)
         if hidden is not None:          # a source wants the hidden state of the row that gave the last kept token
-            outcome = replace(outcome, hidden=hidden[layout.tree_logits[verdict.path[kept - 2] + 1 if kept > 1 else 0]])
+            row = int(layout.tree_logits[verdict.path[kept - 2] + 1 if kept > 1 else 0])
+            outcome = replace(outcome, hidden=hidden[row])
         proposer.update(outcome, plan.tree, verdict.path)
     return [0] + path_rows[: kept - 1]
 
@@ -336,7 +373,7 @@ def _hits_stop(tokenizer, generated: list[int], stop_strings: tuple[str, ...]) -
 
 
 def _prefill(lm: CausalLM, prompts: list[list[int]], state: DecodeState | None, stats: list[DecodeStats],
-             hidden: bool = False) -> tuple[object, list[tuple[torch.Tensor, torch.Tensor | None]]]:
+             hidden: bool, clock: ForwardClock) -> tuple[object, list[tuple[torch.Tensor, torch.Tensor | None]]]:
     """Fill the cache with the prompts (right-padded; with a state, the one prompt's uncached part);
     return each prompt's last logits (V,) and, with ``hidden``, its last hidden state (H,) (else None)."""
     if state is not None and state.cache is not None:
@@ -348,14 +385,57 @@ def _prefill(lm: CausalLM, prompts: list[list[int]], state: DecodeState | None, 
         cache, reuse = lm.new_cache(), 0
     feeds = [Feed(p[reuse:], torch.arange(len(p) - reuse), None, reuse, torch.tensor([len(p) - reuse - 1]))
              for p in prompts]
-    t0 = time.perf_counter()
-    outs = lm.forward_batch(cache, feeds, hidden)
-    seconds = time.perf_counter() - t0
+    with clock.span() as span:
+        outs = lm.forward_batch(cache, feeds, hidden)
+    seconds = clock.seconds([span])                   # the first token's logits are read next anyway
     for s, f in zip(stats, feeds):
         s.prefill_seconds, s.prefill_tokens = seconds, len(f.tokens)
     if hidden:
         return cache, [(logits[0], states[0]) for logits, states in outs]
     return cache, [(logits[0], None) for logits in outs]
+
+
+class ForwardClock:
+    """Times the model's forwards without stalling the host between them: on a GPU each span is a
+    pair of CUDA events recorded around the forward (no synchronize), read when a sequence finishes,
+    once its last forward is done anyway; elsewhere the wall clock (a CPU forward returns when it is
+    done)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.device = device
+
+    def start(self) -> list:
+        """A span opened now (before a forward is launched)."""
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record(torch.cuda.current_stream(self.device))
+            return [event, None]
+        return [time.perf_counter(), None]
+
+    def stop(self, span: list) -> None:
+        """Close ``span`` (after the forward is launched; on a GPU the event marks when it ran)."""
+        if self.cuda:
+            span[1] = torch.cuda.Event(enable_timing=True)
+            span[1].record(torch.cuda.current_stream(self.device))
+        else:
+            span[1] = time.perf_counter()
+
+    @contextmanager
+    def span(self):
+        """``with clock.span() as span: <forward>``; ``span`` goes to :meth:`seconds`."""
+        span = self.start()
+        yield span
+        self.stop(span)
+
+    def seconds(self, spans) -> float:
+        """The spans' total, in seconds (on a GPU: waits for the last one's end event)."""
+        if not spans:
+            return 0.0
+        if self.cuda:
+            spans[-1][1].synchronize()
+            return sum(start.elapsed_time(end) for start, end in spans) / 1e3
+        return sum(end - start for start, end in spans)
 
 
 def _pool_for(lookahead: LookaheadConfig | None, state: DecodeState | None) -> NGramPool | None:

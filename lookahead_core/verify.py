@@ -41,7 +41,12 @@ class Verdict:
 
 
 class Verifier(Protocol):
-    def __call__(self, tree: DraftTree, logits: torch.Tensor) -> Verdict: ...
+    """``logits`` (r, V): a step's logit rows, on the model's device; ``rows[0]`` is the row that
+    predicts the input token's children, ``rows[i + 1]`` node i's (default: row i); ``argmax``:
+    every row's argmax, when the caller has read them to the host already (one copy a step)."""
+
+    def __call__(self, tree: DraftTree, logits: torch.Tensor, rows: Sequence[int] | None = None,
+                 argmax: Sequence[int] | None = None) -> Verdict: ...
 
 
 # pick(row, options) -> (token, accepted): the token the model takes after the node whose logits
@@ -63,9 +68,11 @@ def walk_tree(tree: DraftTree, pick: Pick) -> Verdict:
     return Verdict(tokens, tree.path_to(alive[0]))
 
 
-def verify_greedy(tree: DraftTree, logits: torch.Tensor) -> Verdict:
+def verify_greedy(tree: DraftTree, logits: torch.Tensor, rows: Sequence[int] | None = None,
+                  argmax: Sequence[int] | None = None) -> Verdict:
     """Follow the model's argmax down the tree: the longest accepted path plus the bonus token."""
-    predicted = logits.argmax(-1).tolist()                                  # (n+1,)
+    argmax = argmax if argmax is not None else logits.argmax(-1).tolist()     # one device-to-host copy
+    predicted = argmax if rows is None else [argmax[r] for r in rows]           # (n+1,)
 
     def pick(row: int, options: Sequence[int]) -> tuple[int, bool]:
         return predicted[row], predicted[row] in options
@@ -92,7 +99,8 @@ def sampling_probs(logits: torch.Tensor, warper: LogitsProcessorList) -> torch.T
     return torch.softmax(warped.double(), dim=-1).cpu().reshape(logits.shape)
 
 
-def sampling_pick(logits: torch.Tensor, warper: LogitsProcessorList, generator: torch.Generator) -> Pick:
+def sampling_pick(logits: torch.Tensor, warper: LogitsProcessorList, generator: torch.Generator,
+                  rows: Sequence[int] | None = None) -> Pick:
     """Recursive rejection over a node's children with point-mass drafts (SpecInfer-style).
 
     The children's tokens are tried in order: token x is accepted with probability p(x); on
@@ -102,7 +110,7 @@ def sampling_pick(logits: torch.Tensor, warper: LogitsProcessorList, generator: 
     """
 
     def pick(row: int, options: Sequence[int]) -> tuple[int, bool]:
-        probs = sampling_probs(logits[row], warper)
+        probs = sampling_probs(logits[row if rows is None else rows[row]], warper)
         for draft in options:
             if torch.rand((), generator=generator, dtype=torch.float64) < probs[draft]:
                 return draft, True
@@ -122,7 +130,8 @@ def make_verifier(sampling: SamplingConfig, generator: torch.Generator | None = 
     generator = generator if generator is not None else torch.Generator().manual_seed(sampling.seed)
     warper = make_warper(sampling)
 
-    def verify(tree: DraftTree, logits: torch.Tensor) -> Verdict:
-        return walk_tree(tree, sampling_pick(logits, warper, generator))
+    def verify(tree: DraftTree, logits: torch.Tensor, rows: Sequence[int] | None = None,
+               argmax: Sequence[int] | None = None) -> Verdict:
+        return walk_tree(tree, sampling_pick(logits, warper, generator, rows))
 
     return verify

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from experiments.reporting import report
 from experiments.rows.schema import COLUMNS
@@ -67,3 +68,64 @@ def test_throughput_counts_each_call_once_whatever_the_batch_sizes_in_the_file()
     ])
     assert report._throughput(df) == (10 + 30 + 5) / (2.0 + 3.0 + 1.0)
     assert report._throughput(df.iloc[1:3]) == 10.0
+
+
+def specbench_rows() -> pd.DataFrame:
+    """Three Spec-Bench items, a greedy baseline and lookahead: translation items 161 and 162 (one
+    turn each) and the MT-Bench writing item 81 (two turns). (new_tokens, wall_s) per turn:
+
+    item, turn   greedy        lookahead
+    161, 1       100, 10 s     100, 5 s
+    162, 1        10,  2 s      10, 0.5 s
+     81, 1        50,  5 s      50, 2 s
+     81, 2        30,  5 s      30, 3 s
+    """
+    table = [("161", "translation", 1, (100, 10.0), (100, 5.0)), ("162", "translation", 1, (10, 2.0), (10, 0.5)),
+             ("81", "writing", 1, (50, 5.0), (50, 2.0)), ("81", "writing", 2, (30, 5.0), (30, 3.0))]
+    records = []
+    for item_id, category, turn, greedy, lookahead in table:
+        for baseline, (tokens, wall) in ((True, greedy), (False, lookahead)):
+            record = dict.fromkeys(COLUMNS)
+            record.update(experiment="specbench", dataset="specbench", item_id=item_id, category=category, turn=turn,
+                          model="m", dtype="float32", device="cpu", decoder="greedy" if baseline else "lookahead",
+                          baseline=baseline, config="la", settings="h1", seed=0, new_tokens=tokens,
+                          steps=tokens if baseline else tokens // 2, wall_s=wall, decode_s=wall)
+            records.append(record)
+    df = pd.DataFrame(records, columns=COLUMNS)
+    df["baseline"] = df["baseline"].astype("boolean")
+    return df
+
+
+def test_the_spec_bench_layout_shows_spec_benchs_speedup_beside_ours() -> None:
+    """Hand arithmetic. Spec-Bench (evaluation/speed.py): per item tokens/s with its turns pooled,
+    mean over items, decoder's mean / baseline's mean. Ours: summed baseline time / summed time.
+
+    Translation: lookahead 100/5 = 20 and 10/0.5 = 20 tok/s (mean 20); greedy 100/10 = 10 and
+    10/2 = 5 (mean 7.5): Spec-Bench 20 / 7.5 = 2.6667x; ours (10 + 2) / (5 + 0.5) = 12 / 5.5 = 2.1818x.
+    Multi-turn (item 81, turns pooled): lookahead 80 / 5 = 16, greedy 80 / 10 = 8: Spec-Bench 2x
+    (a per-turn mean would give (25 + 10) / 2 / ((10 + 6) / 2) = 2.1875x); ours 10 / 5 = 2x.
+    Overall: lookahead (20 + 20 + 16) / 3 = 56 / 3, greedy (10 + 5 + 8) / 3 = 23 / 3: 56 / 23 =
+    2.4348x; ours (10 + 2 + 5 + 5) / (5 + 0.5 + 2 + 3) = 22 / 10.5 = 2.0952x.
+    Accepted tokens per step: (99 + 9 + 49 + 29) / (50 + 5 + 25 + 15) = 186 / 95."""
+    table = report.leaderboard(specbench_rows())
+    assert list(table.columns) == ["decoder", "speedup", "Multi-turn Conversation", "Translation", "Summarization",
+                                   "Question Answering", "Mathematical Reasoning", "Retrieval-aug. Generation",
+                                   "#Mean Accepted Tokens", "Overall"]
+    spec, ours, items, turns = (row for _, row in table.iterrows())
+    assert (spec["decoder"], spec["speedup"]) == ("lookahead", report.SPEC_BENCH_SPEEDUP)
+    assert (ours["decoder"], ours["speedup"]) == ("lookahead", report.SUMMED_TIME_SPEEDUP)
+    assert spec["Translation"] == pytest.approx(20 / 7.5) and ours["Translation"] == pytest.approx(12 / 5.5)
+    assert spec["Multi-turn Conversation"] == pytest.approx(2.0) and ours["Multi-turn Conversation"] == pytest.approx(2.0)
+    assert spec["Overall"] == pytest.approx(56 / 23) and ours["Overall"] == pytest.approx(22 / 10.5)
+    assert spec["#Mean Accepted Tokens"] == ours["#Mean Accepted Tokens"] == pytest.approx(186 / 95)
+    assert pd.isna(spec["Summarization"]) and pd.isna(ours["Summarization"])
+    assert (items["decoder"], items["Translation"], items["Multi-turn Conversation"], items["Overall"]) == \
+        ("items per column", 2, 1, 3)
+    assert (turns["decoder"], turns["Translation"], turns["Multi-turn Conversation"], turns["Overall"]) == \
+        ("turns per column", 2, 2, 4)
+    shown = report.leaderboard_markdown(table)
+    assert "| lookahead | Spec-Bench: mean tok/s ratio | 2.00x | 2.67x |  |  |  |  | 1.96 | 2.43x |" in shown
+    assert "| lookahead | ours: summed time ratio | 2.00x | 2.18x |  |  |  |  | 1.96 | 2.10x |" in shown
+    assert "| items per column |  | 1 | 2 | 0 | 0 | 0 | 0 |  | 3 |" in shown
+    for label in (report.SPEC_BENCH_SPEEDUP, report.SUMMED_TIME_SPEEDUP):
+        assert f"`{label}` = " in report.leaderboard_note()

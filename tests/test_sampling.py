@@ -97,8 +97,8 @@ def always_accept_verifier(sampling_cfg, generator=None):
     generator = generator if generator is not None else torch.Generator().manual_seed(sampling_cfg.seed)
     warper = make_warper(sampling_cfg)
 
-    def verify(tree, logits):
-        honest = sampling_pick(logits, warper, generator)
+    def verify(tree, logits, rows=None, argmax=None):
+        honest = sampling_pick(logits, warper, generator, rows)
 
         def pick(row, options):
             return (options[0], True) if options else honest(row, options)
