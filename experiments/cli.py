@@ -58,6 +58,8 @@ def main(cfg: DictConfig) -> None:
 
     try:
         run_job(settings, adapter, items)
+    except ConfigError as err:     # found once torch is imported (device=auto without a GPU), before the model loads
+        fail(str(err))
     except ParallelError as err:   # a rank died or hung: the finished batches' rows are kept
         print(f"error: {err}", file=sys.stderr)
         sys.exit(1)

@@ -13,9 +13,13 @@ generator draws the same numbers on every rank). After verification the accepted
 copied from the rank that computed it to the ranks that did not (one all-gather), so every
 rank's cache stays the same committed prefix.
 
-Only tensor collectives (``all_gather``), each under the group's timeout. A collective that fails
-(a peer died, or did not answer within the timeout) raises :class:`ParallelError` naming the rank
-that is gone, or those still alive that did not answer, never a hang.
+The collectives are ``all_gather``s of tensors on the model's device, which must be the backend's:
+under nccl each rank takes the GPU ``LOCAL_RANK`` (:func:`init`). Each is waited for, at most the
+timeout, by polling its work: a collective that fails (a peer died) or does not complete in time
+raises :class:`ParallelError` naming the rank that is gone, or those that did not reach it, never a
+hang (nccl's own watchdog, which would abort the process, is set to fire later). ``comm_seconds``
+runs from when this rank's inputs are ready (its device synchronized) to when the result is. What
+is not a tensor (the ranks' process ids, :func:`agree`'s values) goes through the rendezvous store.
 
 The partition (:func:`shard_rows`) is a pure function of the step's mask, the same on every
 rank: logit rows by decreasing closure size, each to the rank whose fed rows would then be
@@ -105,27 +109,32 @@ class ShardedLM(CausalLM):
     the world group, which must be initialised: :func:`init`). Decode with it as with a
     ``CausalLM``, on every rank, with the same arguments: every rank returns the same tokens.
 
-    ``comm_seconds`` adds up the time spent in collectives (the loop reports it per decode)."""
+    ``comm_seconds`` adds up the time spent in collectives (the loop reports it per decode); each
+    waits at most ``timeout_s`` (default: :func:`init`'s)."""
 
     sharded = True
 
-    def __init__(self, model: torch.nn.Module, group=None, drafters: dict | None = None) -> None:
+    def __init__(self, model: torch.nn.Module, group=None, drafters: dict | None = None,
+                 timeout_s: float | None = None) -> None:
         super().__init__(model, drafters)
-        if not dist.is_initialized():
-            raise ParallelError("lookahead parallelism needs an initialised process group "
-                                "(lookahead_core.parallel.init, under torchrun)")
+        if not dist.is_initialized() or _STORE is None:
+            raise ParallelError("lookahead parallelism needs the process group of lookahead_core.parallel.init "
+                                "(under torchrun)")
         self.group = group
         self.rank = dist.get_rank(group)
         self.ranks = dist.get_world_size(group)
+        self.timeout_s = timeout_s or _TIMEOUT_S
         self._last: tuple[int, list[Shards]] | None = None
         self.comm_seconds = 0.0
         self._step = 0
         self.store = _STORE
+        if dist.get_backend(group) == "nccl" and self.device != torch.device("cuda", torch.cuda.current_device()):
+            raise ParallelError(f"lookahead parallelism, rank {self.rank}: the model is on {self.device}, but this "
+                                f"rank's GPU is cuda:{torch.cuda.current_device()} (LOCAL_RANK): load it there")
         self._beat("init")
-        me = torch.tensor([os.getpid(), zlib.crc32(socket.gethostname().encode())], dtype=torch.long)
-        peers = [torch.zeros_like(me) for _ in range(self.ranks)]
-        self._collective("all_gather (ranks' process ids)", lambda: dist.all_gather(peers, me, group=group))
-        self._peers = [(int(p[0]), int(p[1])) for p in peers]
+        self.store.set(f"peer/{self.rank}", f"{os.getpid()} {zlib.crc32(socket.gethostname().encode())}")
+        self._peers = [tuple(map(int, _read(f"peer/{r}", f"rank {r} did not start its model", WAIT_S).split()))
+                       for r in range(self.ranks)]
 
     # -- the forward -------------------------------------------------------------------------
 
@@ -187,7 +196,7 @@ class ShardedLM(CausalLM):
         if rows:
             mine[: len(rows)] = torch.stack(rows)
         parts = [torch.empty_like(mine) for _ in range(self.ranks)]
-        self._collective("all_gather (logits)", lambda: dist.all_gather(parts, mine, group=self.group))
+        self._collective("all_gather (logits)", lambda: dist.all_gather(parts, mine, group=self.group, async_op=True))
         return parts
 
     # -- the commit ---------------------------------------------------------------------------
@@ -213,7 +222,14 @@ class ShardedLM(CausalLM):
                 if plan.fed and any(plan.local(r, row) is None for r in range(self.ranks)):
                     source = plan.source(row)
                     copies.append((b, start + i, source, past + plan.local(source, row)))
-        received = self._exchange_kv(cache, copies) if copies else None
+        moved = {(b, dst) for b, dst, _ in moves}
+        fresh = [i for i, (b, dst, _, _) in enumerate(copies) if (b, dst) not in moved]   # rows this rank lacks
+        received = self._exchange_kv(cache, copies, fresh) if copies else None
+        device = cache.layers[0].keys.device             # index tensors: made once, not per layer
+        if moves:
+            row, dst, src = (torch.tensor(x, device=device) for x in zip(*moves))
+        if fresh:
+            into, slot = (torch.tensor(x, device=device) for x in zip(*[copies[i][:2] for i in fresh]))
         new_len = max(start + len(rows) for start, rows in zip(valid, keep_rows))
         for n, layer in enumerate(cache.layers):
             keys, values = layer.keys, layer.values
@@ -222,59 +238,67 @@ class ShardedLM(CausalLM):
                 keys = torch.cat([keys, keys.new_zeros(*keys.shape[:2], pad, keys.shape[3])], 2)
                 values = torch.cat([values, values.new_zeros(*values.shape[:2], pad, values.shape[3])], 2)
             if moves:
-                row, dst, src = (torch.tensor(x, device=keys.device) for x in zip(*moves))
                 moved_k, moved_v = keys[row, :, src], values[row, :, src]      # read all before writing
                 keys[row, :, dst], values[row, :, dst] = moved_k, moved_v
-            if received is not None:
-                for (b, dst, _, _), k, v in zip(copies, *received[n]):
-                    if (b, dst) not in {(m[0], m[1]) for m in moves}:
-                        keys[b, :, dst], values[b, :, dst] = k, v
+            if fresh:
+                keys[into, :, slot], values[into, :, slot] = received[n]
             layer.keys, layer.values = keys[..., :new_len, :], values[..., :new_len, :]
 
-    def _exchange_kv(self, cache, copies: list[tuple[int, int, int, int]]):
-        """Per layer, the keys and values of every entry of ``copies`` (in order), each sent by its
-        source rank: one all-gather of every layer's rows, padded to the rank that sends most."""
-        counts = [sum(1 for c in copies if c[2] == r) for r in range(self.ranks)]
-        most = max(counts)
+    def _exchange_kv(self, cache, copies: list[tuple[int, int, int, int]], wanted: list[int]):
+        """Per layer, ``(keys, values)`` ((n, H, D) each) of the ``wanted`` entries of ``copies``, each
+        sent by its source rank: one all-gather of every layer's rows, padded to the rank that sends most."""
+        most = max(sum(1 for c in copies if c[2] == r) for r in range(self.ranks))
+        device = cache.layers[0].keys.device
         mine = [(b, slot) for b, _, source, slot in copies if source == self.rank]
+        if mine:
+            b, slot = (torch.tensor(x, device=device) for x in zip(*mine))
         shapes, flat = [], []
         for layer in cache.layers:
             for kv in (layer.keys, layer.values):
                 part = kv.new_zeros(most, kv.shape[1], kv.shape[3])
                 if mine:
-                    b, slot = (torch.tensor(x, device=kv.device) for x in zip(*mine))
                     part[: len(mine)] = kv[b, :, slot]
                 shapes.append(part.shape)
                 flat.append(part.flatten())
         payload = torch.cat(flat)
         parts = [torch.empty_like(payload) for _ in range(self.ranks)]
-        self._collective("all_gather (accepted rows' KV)", lambda: dist.all_gather(parts, payload, group=self.group))
-        cursor = [sum(1 for c in copies[:i] if c[2] == c_rank) for i, (_, _, c_rank, _) in enumerate(copies)]
-        out, at = [], 0
-        for n in range(0, len(shapes), 2):
-            per = []
-            for shape in shapes[n:n + 2]:
-                size = shape.numel()
-                views = [p[at:at + size].view(shape) for p in parts]
-                per.append([views[source][k] for (_, _, source, _), k in zip(copies, cursor)])
-                at += size
-            out.append(per)
-        return out
+        self._collective("all_gather (accepted rows' KV)",
+                         lambda: dist.all_gather(parts, payload, group=self.group, async_op=True))
+        if not wanted:
+            return None
+        # the i-th copy is its source's k-th sent row, k = the copies before it from that source
+        picks = [(copies[i][2], sum(1 for c in copies[:i] if c[2] == copies[i][2])) for i in wanted]
+        source, k = (torch.tensor(x, device=device) for x in zip(*picks))
+        gathered, out, at = torch.stack(parts), [], 0
+        for shape in shapes:
+            out.append(gathered[:, at:at + shape.numel()].reshape(self.ranks, *shape)[source, k])
+            at += shape.numel()
+        return list(zip(out[0::2], out[1::2]))
 
     # -- faults -------------------------------------------------------------------------------
 
     def _beat(self, what: str) -> None:
-        """Say, in the store, which collective of which step this rank is entering."""
+        """Say, in the store, how many collectives this rank has entered."""
         self._calls = getattr(self, "_calls", 0) + 1
-        if self.store is not None:
-            self.store.set(f"calls/{self.rank}", str(self._calls))
+        self.store.set(f"calls/{self.rank}", str(self._calls))
 
     def _collective(self, what: str, run) -> None:
+        """Start ``run`` (an ``async_op`` collective: it returns its work) and wait, polling, until it
+        completes or ``timeout_s`` has passed; the time from this rank's inputs being ready (its device
+        synchronized: the forward's kernels are not communication) to the result adds to ``comm_seconds``."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
         started = time.perf_counter()
         self._beat(what)
         try:
-            run()
-        except (RuntimeError, dist.DistError) as error:
+            work, pause = run(), 1e-5
+            while not work.is_completed():
+                if time.perf_counter() - started > self.timeout_s:
+                    raise TimeoutError(f"not complete after {self.timeout_s:g} s")
+                time.sleep(pause)
+                pause = min(2 * pause, 1e-3)
+            work.wait()                      # raises the collective's error; nccl: the stream waits on it
+        except (RuntimeError, TimeoutError, dist.DistError) as error:
             raise ParallelError(f"lookahead parallelism, rank {self.rank} of {self.ranks}, step {self._step}: "
                                 f"{what} failed: {self._culprits()} ({error})") from error
         finally:
@@ -283,19 +307,14 @@ class ShardedLM(CausalLM):
     def _culprits(self) -> str:
         """Which peers are gone (same host: their process has exited), else who did not answer."""
         host = zlib.crc32(socket.gethostname().encode())
-        peers = getattr(self, "_peers", None)
-        if peers is None:
-            return "a rank did not join"
-        gone = [r for r, (pid, h) in enumerate(peers) if r != self.rank and h == host and not _alive(pid)]
+        gone = [r for r, (pid, h) in enumerate(self._peers) if r != self.rank and h == host and not _alive(pid)]
         if gone:
             return "rank " + ", ".join(map(str, gone)) + (" is" if len(gone) == 1 else " are") + " gone"
-        behind = []
-        if self.store is not None:
-            try:
-                calls = {r: int(self.store.get(f"calls/{r}")) for r in range(self.ranks)}
-                behind = [r for r, n in calls.items() if n < self._calls]
-            except (RuntimeError, ValueError, dist.DistError):
-                pass                                    # the store's host is gone too
+        try:
+            calls = {r: int(self.store.get(f"calls/{r}")) for r in range(self.ranks)}
+            behind = [r for r, n in calls.items() if n < self._calls]
+        except (RuntimeError, ValueError, dist.DistError):
+            behind = []                                 # the store's host is gone too
         if behind:
             return "rank " + ", ".join(map(str, behind)) + " did not reach this collective within the timeout"
         others = [r for r in range(self.ranks) if r != self.rank]
@@ -318,15 +337,21 @@ def _alive(pid: int) -> bool:
         return True
 
 
-_STORE = None           # the rendezvous store init() joined: each rank's step, for naming a rank that hangs
+_STORE = None           # the rendezvous store init() joined: the ranks' process ids and steps, agree()'s values
+_TIMEOUT_S = 60.0       # init()'s timeout_s: how long a collective may take
+NCCL_GRACE_S = 60.0     # nccl's watchdog (which aborts the process) fires this much after our timeout
+WAIT_S = 1800.0         # how long a rank waits, outside collectives, for another: a model's load, and
+                        # rank 0's scoring (sandboxed code) and writing of rows between batches (agree)
 
 
 def init(backend: str | None = None, timeout_s: float = 60.0) -> None:
-    """Join the process group torchrun describes (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``/``PORT``):
-    ``gloo`` on CPUs, ``nccl`` when CUDA is available (or ``backend``), every collective under
-    ``timeout_s``. The rendezvous store is kept (torchrun's agent's, else rank 0's) for the ranks'
-    step counters."""
-    global _STORE
+    """Join the process group torchrun describes (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+    ``MASTER_ADDR``/``PORT``): ``gloo`` on CPUs, ``nccl`` when CUDA is available (or ``backend``).
+    Under nccl each rank takes the GPU ``LOCAL_RANK`` (``torch.cuda.set_device``; the group is bound
+    to it): load the model there. Every collective waits at most ``timeout_s`` (nccl's watchdog
+    ``NCCL_GRACE_S`` later). The rendezvous store (torchrun's agent's, else rank 0's) is kept for the
+    ranks' process ids and step counters and :func:`agree`."""
+    global _STORE, _TIMEOUT_S
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
     check_backend(backend)
     if dist.is_initialized():
@@ -336,13 +361,23 @@ def init(backend: str | None = None, timeout_s: float = 60.0) -> None:
         raise ParallelError(f"lookahead parallelism: {', '.join(missing)} not set: launch with torchrun "
                             "(torchrun --nproc-per-node P run.py ...)")
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    device = None
+    if backend == "nccl":
+        local, gpus = int(os.environ.get("LOCAL_RANK", rank)), torch.cuda.device_count()
+        if local >= gpus:
+            raise ParallelError(f"lookahead parallelism over nccl: rank {rank} is LOCAL_RANK {local}, but this host "
+                                f"has {gpus} GPU(s): launch at most {gpus} processes per host, one per GPU")
+        device = torch.device("cuda", local)
+        torch.cuda.set_device(device)
     timeout = datetime.timedelta(seconds=timeout_s)
     host = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" and rank == 0
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=host,
                           timeout=timeout)
-    _STORE = dist.PrefixStore("lookahead_parallel/", store)
-    dist.init_process_group(backend, store=dist.PrefixStore("group/", store), rank=rank, world_size=world,
-                            timeout=timeout)
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")     # a restarted job's keys are its own
+    _STORE, _TIMEOUT_S = dist.PrefixStore(f"lookahead_parallel/{attempt}/", store), timeout_s
+    watchdog = timeout + datetime.timedelta(seconds=NCCL_GRACE_S if backend == "nccl" else 0)
+    dist.init_process_group(backend, store=dist.PrefixStore(f"group/{attempt}/", store), rank=rank, world_size=world,
+                            timeout=watchdog, device_id=device)
 
 
 def rank() -> int:
@@ -350,26 +385,33 @@ def rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
 
-def agree(values: list[int], what: str) -> list[int]:
-    """Rank 0's ``values`` on every rank (two broadcasts: the count, then the values), so that
-    every rank takes the same decisions from what only rank 0 knows (a job's finished items, its
-    time budget). A rank that does not answer within the group's timeout raises ParallelError."""
-    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-    rank, ranks = dist.get_rank(), dist.get_world_size()
-    count = torch.tensor([len(values)], dtype=torch.long, device=device)
+def _read(key: str, failure: str, wait_s: float) -> str:
+    """The store's ``key``, once set (at most ``wait_s``); else ParallelError saying ``failure``."""
+    try:
+        _STORE.wait([key], datetime.timedelta(seconds=wait_s))
+        return _STORE.get(key).decode()
+    except (RuntimeError, dist.DistError) as error:
+        raise ParallelError(f"lookahead parallelism, rank {rank()} of {dist.get_world_size()}: {failure} within "
+                            f"{wait_s:g} s ({error})") from error
 
-    def broadcast(tensor: torch.Tensor) -> None:
-        try:
-            dist.broadcast(tensor, 0)
-        except (RuntimeError, dist.DistError) as error:
-            raise ParallelError(f"lookahead parallelism, rank {rank} of {ranks}: broadcast of {what} failed: "
-                                f"a rank did not answer within the timeout ({error})") from error
 
-    broadcast(count)
-    data = torch.tensor(values if rank == 0 else [0] * int(count), dtype=torch.long, device=device)
-    if len(data):
-        broadcast(data)
-    return data.tolist()
+_agreed = 0             # agree() calls so far: the key of the next
+
+
+def agree(values: list[int], what: str, wait_s: float = WAIT_S) -> list[int]:
+    """Rank 0's ``values`` on every rank, so that every rank takes the same decisions from what only
+    rank 0 knows (a job's finished items, its time budget). Through the rendezvous store, not a
+    collective: rank 0 does not wait; the others wait for it at most ``wait_s`` (rank 0 scores items
+    and writes rows between batches, which no collective timeout bounds), then raise ParallelError."""
+    global _agreed
+    if _STORE is None:
+        raise ParallelError("lookahead parallelism: agree needs lookahead_core.parallel.init")
+    _agreed += 1
+    key = f"agree/{_agreed}"
+    if rank() == 0:
+        _STORE.set(key, " ".join(map(str, values)))
+        return list(values)
+    return [int(v) for v in _read(key, f"rank 0 did not send {what}", wait_s).split()]
 
 
 def check_backend(backend: str) -> None:

@@ -1,8 +1,7 @@
-"""Batched cost model by hand, the batch benchmark end to end on a tiny model, and its GPU projection."""
+"""Batched cost model by hand, and the batch benchmark end to end on a tiny model."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -11,7 +10,7 @@ import pytest
 import torch
 
 from experiments.presets import batch as batch_bench
-from experiments.data.datasets import get_dataset, repo_root
+from experiments.data.datasets import get_dataset
 from lookahead_core import LookaheadConfig
 from lookahead_core import cost as cm
 from lookahead_core.config import config_label
@@ -91,24 +90,6 @@ def test_batch_bench_rows_report_and_resume(bench_dir: Path):
                       "--batches", "1", "--prompts", "3", "--max-new-tokens", "10", "--data-root", str(DATA_ROOT),
                       "--out", str(bench_dir)])
     assert len(pd.read_csv(bench_dir / "rows.csv")) == len(rows)            # resumed: nothing rerun
-
-
-def test_gpu_bench_projects_batches_from_the_rows(bench_dir: Path, tmp_path: Path):
-    spec = importlib.util.spec_from_file_location("gpu_bench", repo_root() / "scripts" / "gpu_bench.py")
-    gpu_bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gpu_bench)
-    gpu_bench.main(["--tiny", "--device", "cpu", "--out", str(tmp_path), "--batch-rows", str(bench_dir / "rows.csv"),
-                    "--batch-sizes", "1", "2", "4", "--loop-steps", "2"])
-    projection = pd.read_csv(tmp_path / "projection_batch_tiny.csv")
-    assert set(projection.decoder) == set(batch_bench.DECODERS) - {"hf_greedy", "core_greedy"}
-    assert set(projection.B) == {1, 3} and (projection.projected > 0).all()
-    summary = (tmp_path / "summary.md").read_text()
-    assert "Projected speedup over batched greedy" in summary
-    # The first shape again under flex_attention: its curve and loop beside SDPA's.
-    assert "### tiny under flex_attention" in summary
-    flex_loop = pd.read_csv(tmp_path / "loop_tiny_flex.csv")
-    assert set(flex_loop.decoder) == set(pd.read_csv(tmp_path / "loop_tiny.csv").decoder)
-    assert (pd.read_csv(tmp_path / "latency_core_tiny_flex.csv").attention == "flex_attention").all()
 
 
 def test_roofline_projection_is_flat_then_compute_bound(bench_dir: Path):

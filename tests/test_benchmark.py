@@ -1,11 +1,10 @@
 """The benchmark preset end to end on a tiny model (rows in the harness's schema, table, resume,
-calibration, token trees and --every), and gpu_bench --tiny."""
+calibration, token trees and --every)."""
 
 from __future__ import annotations
 
 import argparse
 import csv
-import dataclasses
 import importlib.util
 import json
 from pathlib import Path
@@ -190,34 +189,6 @@ def test_goals_come_from_the_goals_file():
     assert tree.check({"dataset": "d", "S_ratio": 1.15, "fed_tree": 9.0, "fed_linear": 9.0})
     assert not tree.check({"dataset": "d", "S_ratio": 1.5, "fed_tree": 10.0, "fed_linear": 9.0})
     assert not tree.check({"dataset": "d", "S_ratio": 1.1, "fed_tree": 5.0, "fed_linear": 9.0})
-
-
-def test_gpu_bench_tiny_runs_on_cpu(tmp_path: Path):
-    spec = importlib.util.spec_from_file_location("gpu_bench", repo_root() / "scripts" / "gpu_bench.py")
-    gpu_bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gpu_bench)
-    acceptance = tmp_path / "rows.csv"
-    row = {column: "" for column in COLUMNS}
-    row.update(model="m", dataset="d", item_id="1", decoder="la_N3W4G4", family="core", N="3", W="4", G="4",
-               prompt_pool="False", pool_only="False", new_tokens="33", steps="20", step_tokens_mean="10.5")
-    medusa = LookaheadConfig(window=1, ngram=4, guess=0, pool_only=True, tree=True, depth=4, sources={"medusa": 7})
-    fields = {k: v for k, v in dataclasses.asdict(medusa).items() if k != "seed"}
-    medusa_row = {**row, "decoder": config_label(medusa), "N": "4", "W": "", "G": "0", "pool_only": "True",
-                  "new_tokens": "41", "steps": "20", "step_tokens_mean": "8", "params": json.dumps(fields)}
-    with open(acceptance, "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=COLUMNS)
-        writer.writeheader()
-        writer.writerows([row, medusa_row])
-    gpu_bench.main(["--tiny", "--device", "cpu", "--out", str(tmp_path / "out"), "--acceptance", str(acceptance)])
-    summary = (tmp_path / "out" / "summary.md").read_text()
-    assert "la_N3W4G4" in summary and "Projected speedup" in summary
-    assert config_label(medusa) in summary          # Medusa configs are timed with random heads of the shape
-    projection = pd.read_csv(tmp_path / "out" / "projection_tiny.csv")
-    assert projection["S"].iloc[0] == pytest.approx(32 / 20)
-    assert (projection[["projected_forward_only", "projected_with_loop"]] > 0).all().all()
-    loops = pd.read_csv(tmp_path / "out" / "loop_tiny.csv")
-    assert set(loops["decoder"]) >= {"greedy", "la_N3W4G4"}
-    assert (loops.set_index("decoder").loc["la_N5W15G15", "tokens_per_step"]) > 60   # G candidates every step
 
 
 def test_collect_checks_the_goals_per_run_folder(run_dir: Path, tmp_path: Path):

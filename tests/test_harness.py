@@ -562,12 +562,15 @@ def test_specbench_runs_on_a_category_subset(tmp_path: Path) -> None:
     assert_complete(df[df["category"] == "translation"], items=1, turns=1)
     assert_complete(df[df["category"] == "coding"], items=1, turns=2)    # MT-Bench's second turn too
     table = report.leaderboard(df)
-    assert list(table.columns) == ["decoder", "Multi-turn Conversation", "Translation", "Summarization",
+    assert list(table.columns) == ["decoder", "speedup", "Multi-turn Conversation", "Translation", "Summarization",
                                    "Question Answering", "Mathematical Reasoning", "Retrieval-aug. Generation",
                                    "#Mean Accepted Tokens", "Overall"]
-    assert table.iloc[0]["decoder"] == "lookahead" and table.iloc[0]["Translation"] > 0
+    assert list(table["speedup"].iloc[:2]) == [report.SPEC_BENCH_SPEEDUP, report.SUMMED_TIME_SPEEDUP]
+    assert (table.iloc[:2]["decoder"] == "lookahead").all() and (table.iloc[:2]["Translation"] > 0).all()
     assert pd.isna(table.iloc[0]["Summarization"])
-    assert table.iloc[1]["Multi-turn Conversation"] == 2 and table.iloc[1]["Translation"] == 1
+    assert list(table["decoder"].iloc[2:]) == ["items per column", "turns per column"]
+    assert table.iloc[2]["Multi-turn Conversation"] == 1 and table.iloc[3]["Multi-turn Conversation"] == 2
+    assert table.iloc[3]["Translation"] == 1
 
 
 @pytest.mark.slow

@@ -79,5 +79,5 @@ def test_lossless_rows_carry_no_verdict_and_bf16_mismatches_do_not_fail(tmp_path
     clean = report.load_results([run(tmp_path / "clean", "dataset.turns=1")])
     assert clean[~clean["baseline"]]["matches_greedy"].all() and clean["diff_verdict"].isna().all()
     corrupt_lookahead(monkeypatch)
-    df = report.load_results([run(tmp_path / "bf16", "dataset.turns=1", "model.dtype=bfloat16")])
+    df = report.load_results([run(tmp_path / "bf16", "dataset.turns=1", "model.dtype=bfloat16", "device=cpu")])
     assert set(df[~df["baseline"]]["diff_verdict"]) <= {"mismatch", "near_tie"} and (df["dtype"] == "bfloat16").all()

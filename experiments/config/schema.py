@@ -63,10 +63,18 @@ class ModelConfig:
     dtype: DType = DType.float32
     attn_implementation: Attention = Attention.sdpa
     linear: LinearKernel = LinearKernel.auto
+    # For a model larger than one device: passed to from_pretrained (auto, balanced, balanced_low_0,
+    # sequential, or one device such as cpu or cuda:1; needs accelerate), the model is not moved after.
+    # None: the whole model on `device`.
+    device_map: Optional[str] = None
     extra_eos_token_ids: list[int] = field(default_factory=list)   # e.g. Llama 3's <|eot_id|>
     cache_dir: Optional[str] = None        # None: the loader's default ($LOOKAHEAD_CACHE)
     packages: list[str] = field(default_factory=list)   # import names that ship its weights (checked first)
     install: Optional[str] = None          # the command that installs them
+    # A named conversation template (experiments/data/templates.py, FastChat's names, e.g. vicuna_v1.1)
+    # for every chat prompt, instead of the tokenizer's chat template; None: the tokenizer's template,
+    # a plain "User:/Assistant:" transcript without one.
+    prompt_template: Optional[str] = None
 
 
 @dataclass

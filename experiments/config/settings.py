@@ -28,6 +28,7 @@ from omegaconf.errors import OmegaConfBaseException
 from experiments.config.errors import ConfigError, one_line
 from experiments.config.schema import DatasetConfig, DType, JobKeys, LinearKernel, ModelConfig, RunConfig
 from experiments.data.datasets import DATASETS, DatasetAdapter, Item, PromptFormat, get_dataset, repo_root
+from experiments.data.templates import PROMPT_TEMPLATES
 from experiments.decoders.registry import DECODERS, Decoder
 from experiments.grading import sandbox
 from lookahead_core.config import DecodeLimits, SamplingConfig
@@ -166,6 +167,10 @@ class RunSettings:
     ranks: int = 1                         # lookahead parallelism: torchrun's WORLD_SIZE
     backend: str | None = None             # its process group's backend (None: nccl on CUDA, else gloo)
     parallel_timeout_s: float = 120.0      # every collective's limit
+    # The chip (GPU name or CPU model name, experiments.models.loader.device_name), set by the runner
+    # once the device is resolved: it enters the fingerprint in place of ``device``, so that an A100's
+    # and an H100's rows never share a file. None (settings not yet resolved): ``device`` is used.
+    device_name: str | None = None
 
     def shares(self, decoder: Decoder) -> bool:
         """Whether ``decoder``'s steps are split over the ranks (a lookahead decoder of the core,
@@ -182,7 +187,7 @@ class RunSettings:
         It names the results file, so a rerun of the same command resumes it and a run with other
         settings (``max_new_tokens``, dtype, ...) never mixes its rows into it.
         """
-        skip = ("name", "cache_dir", "packages", "install", "linear")
+        skip = ("name", "cache_dir", "packages", "install", "linear", "prompt_template", "device_map")
         payload = {
             "model": {k: _plain(v) for k, v in asdict(self.model).items() if k not in skip},
             "experiment": self.experiment,
@@ -191,12 +196,17 @@ class RunSettings:
             "decoders": [d.fingerprint() for d in self.decoders],
             "sampling": [self.sampling.temperature, self.sampling.top_k, self.sampling.top_p],
             "limits": [self.limits.max_new_tokens, list(self.limits.stop_strings)],
-            "run": [self.device, self.repeats, self.threads, self.score],
+            # the chip, not the device string: a "cuda" run on an A100 and one on an H100 differ
+            "run": [self.device_name or self.device, self.repeats, self.threads, self.score],
         }
         if self.model.linear is not LinearKernel.stock:   # left out for stock: files from before the knob keep their names
             payload["linear"] = self.model.linear.value
         if self.item_temperature:
             payload["item_temperature"] = True
+        if self.model.device_map is not None:   # left out when unset, so earlier files keep their names
+            payload["device_map"] = self.model.device_map
+        if self.model.prompt_template is not None:   # left out when unset, so earlier files keep their names
+            payload["prompt_template"] = self.model.prompt_template
         if self.batch_size != 1:   # left out at 1, so files written before the knob keep their names
             payload["batch_size"] = self.batch_size
         if self.ranks != 1:        # timings of P ranks never share a file with one process's
@@ -231,13 +241,15 @@ def _plain(value: Any) -> Any:
 
 
 _DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
+DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")   # accelerate's (as loader.DEVICE_MAPS)
 
 
 def to_settings(cfg: DictConfig, *, device: str | None = None) -> RunSettings:
     """Validate the composed config and convert it; raises :class:`ConfigError` naming the key.
 
     ``device`` is the resolved device (``auto`` already replaced); it enters the results file
-    name, since timings on different devices must not share a file.
+    name, since timings on different devices must not share a file (the runner then sets
+    ``device_name``, the chip, which takes its place there).
     """
     try:
         run: RunConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
@@ -256,11 +268,19 @@ def to_settings(cfg: DictConfig, *, device: str | None = None) -> RunSettings:
     _check(run.time_budget is None or run.time_budget > 0, "time_budget", "> 0 or null", run.time_budget)
     _check(run.sandbox in sandbox.MODES, "sandbox", f"one of {list(sandbox.MODES)}", run.sandbox)
     _check(run.batch_size >= 1, "batch_size", ">= 1", run.batch_size)
+    device_map = run.model.device_map
+    _check(device_map is None or device_map in DEVICE_MAPS or _DEVICE.fullmatch(device_map) is not None,
+           "model.device_map", f"null, one of {', '.join(DEVICE_MAPS)}, or one device (cpu, mps, cuda, cuda:N)",
+           device_map)
     if run.model.linear is LinearKernel.stream:
         where = device or run.device
+        if device_map not in (None, "cpu"):
+            where = f"{where} with model.device_map {device_map}"
         _check(where in ("cpu", "auto") and run.model.dtype is DType.float32, "model.linear",
                "auto or stock unless the job runs on the cpu in float32 (the streaming kernel is a float32 CPU "
                f"kernel; this job: device {where}, dtype {run.model.dtype.value})", run.model.linear.value)
+    _check(run.model.prompt_template is None or run.model.prompt_template in PROMPT_TEMPLATES, "model.prompt_template",
+           f"null or one of {sorted(PROMPT_TEMPLATES)} (experiments/data/templates.py)", run.model.prompt_template)
     _check(dataset.name in DATASETS, "dataset.name", f"one of {sorted(DATASETS)}", dataset.name)
     _check(dataset.limit is None or dataset.limit >= 0, "dataset.limit", ">= 0 or null", dataset.limit)
     _check(dataset.offset >= 0, "dataset.offset", ">= 0", dataset.offset)
@@ -293,6 +313,8 @@ def to_settings(cfg: DictConfig, *, device: str | None = None) -> RunSettings:
     limits = _build("experiment", DecodeLimits, max_new_tokens=run.experiment.max_new_tokens,
                     stop_strings=tuple(run.experiment.stop_strings))
     ranks = _check_parallel(run, (baseline, *candidates))
+    _check(device_map is None or ranks == 1, "model.device_map", "null under lookahead parallelism (each rank "
+           f"holds the whole model on its own device; {ranks} ranks)", device_map)
 
     root = repo_root()
     try:  # builds the adapter (for its default prompt format) without reading any data
@@ -417,6 +439,9 @@ def check_installed(settings: RunSettings) -> None:
         if importlib.util.find_spec(package) is None:
             how = settings.model.install or f"pip install {package}"
             raise ConfigError(f"model={settings.model.name}: package {package} is not installed; run: {how}")
+    if settings.model.device_map is not None and importlib.util.find_spec("accelerate") is None:
+        raise ConfigError(f"model.device_map={settings.model.device_map} needs accelerate (transformers places the "
+                          "model with it); run: pip install accelerate")
 
 
 def load_items(settings: RunSettings, adapter: DatasetAdapter, limit: int | None, offset: int) -> list[Item]:

@@ -296,18 +296,10 @@ def device_name(device) -> str:
     to the device type."""
     import torch
 
+    from experiments.models.loader import device_name as chip   # the one helper rows and results files use
+
     device = torch.device(device)
-    if device.type == "cuda":
-        return f"cuda:{torch.cuda.get_device_name(device)}"
-    name = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{device.type}:{name or platform.machine()}"
+    return f"{device.type}:{chip(device) if device.type in ('cuda', 'cpu') else chip('cpu')}"
 
 
 def kv_bucket(kv_length: int) -> int:

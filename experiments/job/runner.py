@@ -37,6 +37,7 @@ from tqdm import tqdm
 from lookahead_core import CausalLM, DecodeLimits, DecodeState, SamplingConfig, divergence
 from lookahead_core import kernels
 from lookahead_core.capability import branching, probe
+from lookahead_core.decoder import ForwardClock
 from experiments.models import loader as model_loader
 
 from experiments.reporting import report
@@ -45,6 +46,7 @@ from experiments.decoders.registry import Decoder, Generation
 from experiments.grading.grade import score
 from experiments.rows.store import ResultStore
 from experiments.data.datasets import PromptFormat
+from experiments.data.templates import get_prompt_template
 from experiments.config.settings import RunSettings, load_items, plan, with_eos
 from experiments.models.tiny_tokenizer import ByteTokenizer
 
@@ -62,7 +64,7 @@ def run_job(settings: RunSettings, adapter: DatasetAdapter, items: list[Item],
     """Decode and score what ``items`` still lack in the results file. ``on_start(job)`` is called
     once the model is loaded, before the warm-up, if anything is left to decode (a preset measures
     with the job's model there instead of loading its own)."""
-    settings = replace(settings, device=str(model_loader.resolve_device(settings.device))).resuming()
+    settings = placed(settings).resuming()
     lead = _join(settings)
     plan_keys = {item.item_id: expected_keys(adapter, item, settings) for item in items}
     store = ResultStore(settings.results_path(), plan_keys) if lead else None   # rank 0 alone writes rows
@@ -112,6 +114,16 @@ def run_job(settings: RunSettings, adapter: DatasetAdapter, items: list[Item],
     return store.path
 
 
+def placed(settings: RunSettings) -> RunSettings:
+    """The settings on their device (``auto`` refused or warned about when it falls back to the CPU,
+    before the model loads; a bare ``cuda`` gets its index) and the chip it is, which names the
+    results file."""
+    placed = settings.model.device_map          # a device_map naming one device is where the model is
+    requested = placed if placed not in (None, *model_loader.DEVICE_MAPS) else settings.device
+    device = model_loader.job_device(requested, dtype=settings.model.dtype.value, spec=settings.model.spec)
+    return replace(settings, device=str(device), device_name=model_loader.device_name(device))
+
+
 def _join(settings: RunSettings) -> bool:
     """Join the process group of a parallel job (torchrun's); whether this process writes the rows
     (rank 0, or the only process)."""
@@ -124,7 +136,9 @@ def _join(settings: RunSettings) -> bool:
 
 
 def _agree(settings: RunSettings, values: list[int], what: str) -> list[int]:
-    """Rank 0's ``values`` on every rank of a parallel job (the same list otherwise)."""
+    """Rank 0's ``values`` on every rank of a parallel job (the same list otherwise), through the
+    rendezvous store: the other ranks wait for rank 0 (its scoring and writing of the last batch's
+    rows) up to ``parallel.WAIT_S``, not the collective timeout."""
     if settings.ranks == 1:
         return values
     from lookahead_core import parallel
@@ -188,26 +202,28 @@ class ForwardMeter:
     """
 
     def __init__(self, model: torch.nn.Module) -> None:
-        self.durations: list[float] = []
-        self._start = 0.0
+        self.spans: list[list] = []
+        self._clock = ForwardClock(model.device)     # CUDA events on a GPU: no synchronize per forward
+        self._open: list | None = None
         self._config = model.config
         self._layers = getattr(model.config, "num_hidden_layers", None)
-        self._sync = model.device.type == "cuda"
         self._handles = [model.register_forward_pre_hook(self._before), model.register_forward_hook(self._after)]
 
     def _before(self, module, args) -> None:
-        if self._sync:
-            torch.cuda.synchronize()
-        self._start = time.perf_counter()
+        self._open = self._clock.start()
 
     def _after(self, module, args, output) -> None:
-        if self._sync:
-            torch.cuda.synchronize()
+        self._clock.stop(self._open)
         if getattr(self._config, "num_hidden_layers", None) == self._layers:
-            self.durations.append(time.perf_counter() - self._start)
+            self.spans.append(self._open)
+
+    @property
+    def durations(self) -> list[float]:
+        """Seconds of each counted forward (read after the call is done: on a GPU, device time)."""
+        return [self._clock.seconds([span]) for span in self.spans]
 
     def reset(self) -> None:
-        self.durations = []
+        self.spans = []
 
     def close(self) -> None:
         for handle in self._handles:
@@ -268,7 +284,8 @@ class Job:
         spec = settings.model
         constants = {
             "experiment": settings.experiment, "dataset": settings.dataset.name, "model": spec.name,
-            "dtype": spec.dtype.value, "device": settings.device, "attention": spec.attn_implementation.value,
+            "dtype": spec.dtype.value, "device": settings.device, "device_name": settings.device_name,
+            "attention": spec.attn_implementation.value,
             "linear": kernels.linear_kernel(model),
             "config": settings.config_tag,
             "settings": settings.fingerprint(), "top_k": settings.sampling.top_k, "top_p": settings.sampling.top_p,
@@ -294,6 +311,7 @@ class Job:
             spec, dtype=model_config.dtype.value, device=settings.device,
             attn_implementation=model_config.attn_implementation.value, cache_dir=model_config.cache_dir,
             linear=model_config.linear.value,
+            device_map=model_config.device_map if spec == model_config.spec else None,   # not a draft model's
         )
         if tokenizer is None:  # tiny random test models ship none
             tokenizer = ByteTokenizer(model.config.vocab_size)
@@ -313,7 +331,8 @@ class Job:
         return self.settings.results_path().with_suffix(f".{name}.json")
 
     def prompt_ids(self, item: Item, turn_index: int, answers: Sequence[str]) -> list[int]:
-        return prompt_ids(self.adapter, self.tokenizer, self.settings.prompt_format, item, turn_index, answers)
+        return prompt_ids(self.adapter, self.tokenizer, self.settings.prompt_format, item, turn_index, answers,
+                          template=self.settings.model.prompt_template)
 
     def sampling(self, item: Item) -> SamplingConfig:
         """The job's sampling settings, at the item's own temperature with ``item_temperature``."""
@@ -369,12 +388,17 @@ class Job:
 
 
 def prompt_ids(adapter: DatasetAdapter, tokenizer: Any, prompt_format: PromptFormat, item: Item, turn_index: int,
-               answers: Sequence[str]) -> list[int]:
+               answers: Sequence[str], *, template: str | None = None) -> list[int]:
     """The whole conversation up to turn ``turn_index``'s generation prompt, as token ids: the
-    model's chat template (a plain transcript without one), or the raw prompt verbatim."""
+    named conversation ``template`` (the model's ``prompt_template``, e.g. FastChat's vicuna_v1.1)
+    where one is set, else the model's chat template (a plain transcript without one), or the raw
+    prompt verbatim."""
     if prompt_format is PromptFormat.raw:
         return list(tokenizer.encode(adapter.raw_prompt(item)))
     prefix = item.extra.get("assistant_prefix", "")
+    if template is not None:   # FastChat's text, tokenized as FastChat does (tokenizer([prompt]): BOS added)
+        messages = adapter.build_messages(item, turn_index, answers)
+        return list(tokenizer.encode(get_prompt_template(template).render(messages) + prefix))
     if getattr(tokenizer, "chat_template", None):
         def render(system_role: bool) -> str:
             messages = adapter.build_messages(item, turn_index, answers, system_role=system_role)
@@ -413,7 +437,7 @@ def run_batch(job: Job, batch: Sequence[Item], index: int) -> list[dict[str, Any
     answers: dict[tuple[str, str], list[str]] = {(i.item_id, d.name): [] for i in batch for d in decoders}
     batch_columns = {"batch_size": settings.batch_size, "batch": index,
                      "batch_items": " ".join(item.item_id for item in batch)}
-    rows = []
+    rows, scored = [], []
     for turn_index in range(max(turns.values())):
         live = [item for item in batch if turns[item.item_id] > turn_index]
         prompts = {key: job.prompt_ids(item, turn_index, answers[key])
@@ -439,6 +463,17 @@ def run_batch(job: Job, batch: Sequence[Item], index: int) -> list[dict[str, Any
             item_answers = {d.name: answers[item.item_id, d.name] for d in decoders}
             for row in _turn_rows(job, item, turn_index + 1, results, item_answers, sampling, order, item_prompts):
                 rows.append({**row, **batch_columns})
+                scored.append((item, tuple(results[row["decoder"]].output.tokens)))
+    # Scored once every turn is decoded: under lookahead parallelism the other ranks then wait in
+    # the store (``parallel.agree``, no collective timeout), not in a collective, while rank 0 runs
+    # generated code.
+    if settings.score and (job.sharded is None or job.sharded.rank == 0):     # rank 0 writes the rows
+        scores: dict[tuple[str, tuple[int, ...]], dict[str, Any]] = {}
+        for row, (item, tokens) in zip(rows, scored):
+            if (item.item_id, tokens) not in scores:       # same tokens, same score: run the sandbox once
+                scores[item.item_id, tokens] = score(job.adapter, item, row["text"], settings.prompt_format,
+                                                     settings.sandbox)
+            row.update(scores[item.item_id, tokens])
     return rows
 
 
@@ -454,20 +489,14 @@ def _turn_rows(job: Job, item: Item, turn: int, results: dict[str, Timed], answe
                sampling: SamplingConfig, order: list[Decoder], prompts: dict[str, list[int]]) -> list[dict[str, Any]]:
     settings = job.settings
     baseline = results[settings.baseline.name].output.tokens
-    scores: dict[tuple[int, ...], dict[str, Any]] = {}
-    scoring = settings.score and (job.sharded is None or job.sharded.rank == 0)   # rank 0 writes the rows
     rows = []
     for decoder in settings.decoders:
         timed = results[decoder.name]
         tokens = timed.output.tokens
-        text = answers[decoder.name][turn - 1]
-        if scoring and tuple(tokens) not in scores:  # same tokens, same score: run the sandbox once
-            scores[tuple(tokens)] = score(job.adapter, item, text, settings.prompt_format, settings.sandbox)
         row = make_row(job, item, turn, decoder, timed, sampling.temperature, order.index(decoder))
         row.update(compare_to_baseline(job.lm, prompts, settings.baseline.name, decoder.name, baseline, tokens,
                                        decoder is settings.baseline, sampling))
-        row.update(scores.get(tuple(tokens), {}))
-        row["text"] = text
+        row["text"] = answers[decoder.name][turn - 1]
         rows.append(row)
     return rows
 

@@ -17,9 +17,11 @@ import importlib.util
 import json
 import logging
 import os
+import platform
 import shutil
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +40,7 @@ from transformers import (
     Qwen2Config,
 )
 
+from experiments.config.errors import ConfigError
 from lookahead_core import kernels
 
 log = logging.getLogger(__name__)
@@ -349,12 +352,13 @@ def load_offline_model(
     dtype: torch.dtype | str = torch.float32,
     device: str | torch.device = "cpu",
     attn_implementation: str = "sdpa",
+    device_map: str | dict | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a registry model (``OFFLINE_MODELS`` key, or an ``OfflineModel``) from its cache,
     building the cache from the installed packages the first time.
 
     The first load returns the model read back from the fresh cache, so first and later loads give
-    the same object graph and bit-identical weights.
+    the same object graph and bit-identical weights. ``device_map``: see :func:`load_model`.
     """
     spec = OFFLINE_MODELS[name] if isinstance(name, str) else name
     folder = offline_cache_dir(spec.name, cache_dir)
@@ -362,10 +366,10 @@ def load_offline_model(
         log.info("building the fp32 cache of %s in %s (once; 20-120 s)", spec.name, folder)
         build_offline_cache(spec, folder)
     model = AutoModelForCausalLM.from_pretrained(
-        folder, dtype=resolve_dtype(dtype), attn_implementation=attn_implementation
+        folder, dtype=resolve_dtype(dtype), attn_implementation=attn_implementation, **_placement(device_map)
     )
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    return _prepared(model, tokenizer, resolve_device(device))
+    return _prepared(model, tokenizer, None if device_map is not None else resolve_device(device))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -394,12 +398,90 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype | str:
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
-    """``"auto"`` is the best device there is: CUDA, else Apple's MPS, else the CPU."""
+    """``"auto"`` is the best device there is: CUDA, else Apple's MPS, else the CPU. A bare
+    ``cuda`` (given, or chosen by ``auto``) gets its index: torchrun's ``LOCAL_RANK`` (one GPU per
+    rank), else the current CUDA device, so that rows and every rank name one device."""
     if device == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        return torch.device("mps" if torch.backends.mps.is_available() else "cpu")
-    return torch.device(device)
+        if not torch.cuda.is_available():
+            return torch.device("mps" if torch.backends.mps.is_available() else "cpu")
+        device = "cuda"
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        local_rank = os.environ.get("LOCAL_RANK", "")
+        if local_rank.isdigit():
+            return torch.device("cuda", int(local_rank))
+        return torch.device("cuda", torch.cuda.current_device() if torch.cuda.is_available() else 0)
+    return device
+
+
+class CPUFallbackWarning(UserWarning):
+    """``device=auto`` found no GPU and runs a model meant for one on the CPU."""
+
+
+def _why_no_gpu() -> str:
+    if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
+        return f"torch {torch.__version__} is a CPU-only build"
+    return f"torch {torch.__version__} is built for CUDA {torch.version.cuda} but sees no GPU (driver? CUDA_VISIBLE_DEVICES?)"
+
+
+def _is_hub_id(spec: str) -> bool:
+    return spec not in OFFLINE_MODELS and not spec.startswith("tiny-") and not Path(spec).expanduser().is_dir()
+
+
+def job_device(device: str | torch.device, *, dtype: str | torch.dtype, spec: str) -> torch.device:
+    """:func:`resolve_device`, said out loud when ``auto`` falls back to the CPU, before the model
+    loads: refused (``ConfigError`` naming ``device``) for a float16/bfloat16 model, since half
+    precision on a CPU is another system than on a GPU (other kernels, numerics and speed); a
+    :class:`CPUFallbackWarning` for a Hugging Face Hub model (sized for a GPU). ``device=cpu``
+    asks for the CPU and is never questioned."""
+    target = resolve_device(device)
+    if device != "auto" or target.type != "cpu":
+        return target
+    why = _why_no_gpu()
+    torch_dtype = resolve_dtype(dtype)
+    if torch_dtype in (torch.float16, torch.bfloat16):
+        name = str(torch_dtype).removeprefix("torch.")
+        raise ConfigError(
+            f"device=auto found no GPU ({why}) and would run {spec} in {name} on the CPU, where half precision is "
+            f"another system than a GPU's (kernels, numerics, speed): set device=cpu to run it on the CPU anyway, "
+            f"or install a CUDA build of torch"
+        )
+    if _is_hub_id(spec):
+        warnings.warn(
+            f"device=auto found no GPU ({why}): {spec} (a hub model) will run on the CPU; set device=cpu to "
+            f"mean it, or install a CUDA build of torch",
+            CPUFallbackWarning,
+            stacklevel=2,
+        )
+    return target
+
+
+def device_name(device: str | torch.device) -> str:
+    """What chip ``device`` is: the GPU's name (``torch.cuda.get_device_name``), else the CPU's model
+    name (/proc/cpuinfo's "model name", else ``platform.processor()``). Rows and the settings
+    fingerprint carry it, so that runs on an A100 and on an H100 never share a results file."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    name = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    name = name or platform.processor() or platform.machine() or "unknown CPU"
+    return name if device.type == "cpu" else f"{device.type} ({name})"
+
+
+DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
+"""accelerate's placement strategies; a ``device_map`` may also name one device (``cpu``, ``cuda:1``)."""
+
+
+def _placement(device_map: str | dict | None) -> dict:
+    """``from_pretrained``'s keyword for ``device_map`` (nothing without one)."""
+    return {} if device_map is None else {"device_map": device_map}
 
 
 def _first(ids: int | list[int] | None) -> int | None:
@@ -424,10 +506,13 @@ def _ensure_special_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBa
 
 
 def _prepared(
-    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None, device: torch.device
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None, device: torch.device | None
 ) -> ModelAndTokenizer:
+    """Eval mode, on ``device``; ``None``: left where ``from_pretrained``'s ``device_map`` put it."""
     _ensure_special_ids(model, tokenizer)
-    return model.to(device).eval(), tokenizer
+    if device is not None:
+        model = model.to(device)
+    return model.eval(), tokenizer
 
 
 def _has_tokenizer(folder: Path) -> bool:
@@ -435,18 +520,21 @@ def _has_tokenizer(folder: Path) -> bool:
 
 
 def _load_pretrained(
-    source: str, dtype: torch.dtype | str, attn_implementation: str, with_tokenizer: bool
+    source: str, dtype: torch.dtype | str, attn_implementation: str, with_tokenizer: bool,
+    device_map: str | dict | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase | None]:
-    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, attn_implementation=attn_implementation)
+    model = AutoModelForCausalLM.from_pretrained(
+        source, dtype=dtype, attn_implementation=attn_implementation, **_placement(device_map)
+    )
     tokenizer = AutoTokenizer.from_pretrained(source) if with_tokenizer else None
     return model, tokenizer
 
 
 def _load_from_hub(
-    spec: str, dtype: torch.dtype | str, attn_implementation: str
+    spec: str, dtype: torch.dtype | str, attn_implementation: str, device_map: str | dict | None = None
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     try:
-        return _load_pretrained(spec, dtype, attn_implementation, with_tokenizer=True)
+        return _load_pretrained(spec, dtype, attn_implementation, with_tokenizer=True, device_map=device_map)
     except OSError as error:
         raise OSError(
             f"could not load {spec!r}: it is not an offline model ({', '.join(OFFLINE_MODELS)}), not "
@@ -464,25 +552,37 @@ def load_model(
     attn_implementation: str = "sdpa",
     cache_dir: str | Path | None = None,
     linear: str = "stock",
+    device_map: str | dict | None = None,
 ) -> ModelAndTokenizer:
     """Load any model the harness runs, in eval mode on ``device``; returns ``(model, tokenizer)``.
 
     spec: an ``OFFLINE_MODELS`` name, ``tiny-<arch>`` (a tiny random model, tokenizer ``None``),
     a local folder (tokenizer ``None`` if it has none), or a Hugging Face Hub id.
+    device: ``auto`` (see :func:`job_device`: refused for a half-precision model and a warning for a
+    hub model when it falls back to the CPU), ``cpu``, ``mps``, ``cuda`` or ``cuda:N``.
+    device_map: for a model larger than one device: passed to ``from_pretrained`` (``auto``,
+    ``balanced``, ``sequential``, one device, or a module -> device dict; needs accelerate), and the
+    model is not moved afterwards (``device`` then only names where inputs go: the core feeds them to
+    ``model.device``, the first parameter's, normally the embedding's). A tiny model (one device
+    always holds it) goes to the one device ``device_map`` names, else to ``device``.
     linear: ``stock`` (PyTorch's linear layers), ``stream`` (the weight-streaming CPU kernel,
     ``lookahead_core.kernels``; ``KernelUnavailable`` where it cannot run) or ``auto`` (stream
     where it can run, else stock, the reason logged).
     """
-    model, tokenizer = _load_any(spec, dtype, device, attn_implementation, cache_dir)
+    model, tokenizer = _load_any(spec, dtype, device, attn_implementation, cache_dir, device_map)
     if linear != "stock":
         _use_kernel(model, linear)
     return model, tokenizer
 
 
 def _use_kernel(model: PreTrainedModel, linear: str) -> None:
-    reason = kernels.unavailable()
-    if reason is None and (model.device.type != "cpu" or model.dtype != torch.float32):
-        reason = f"the model runs on {model.device.type} in {model.dtype}, the kernel on the CPU in float32"
+    # The device and dtype first: kernels.unavailable() compiles the kernel (about 30 s), which a
+    # GPU or half-precision job never runs.
+    devices = sorted({p.device.type for p in model.parameters()})
+    if devices != ["cpu"] or model.dtype != torch.float32:
+        reason = f"the model runs on {'+'.join(devices)} in {model.dtype}, the kernel on the CPU in float32"
+    else:
+        reason = kernels.unavailable()
     if reason is None:
         swapped = kernels.use_streaming_linear(model)
         log.info("model.linear=%s: %d linear layers run the streaming kernel", linear, swapped)
@@ -492,24 +592,29 @@ def _use_kernel(model: PreTrainedModel, linear: str) -> None:
         log.info("model.linear=auto: stock linear layers (%s)", reason)
 
 
-def _load_any(spec: str, dtype, device, attn_implementation: str, cache_dir) -> ModelAndTokenizer:
+def _load_any(spec: str, dtype, device, attn_implementation: str, cache_dir, device_map=None) -> ModelAndTokenizer:
     torch_dtype = resolve_dtype(dtype)
-    target = resolve_device(device)
+    target = job_device(device, dtype=dtype, spec=spec)      # before anything loads
     if spec in OFFLINE_MODELS:
         return load_offline_model(
-            spec, cache_dir=cache_dir, dtype=torch_dtype, device=target, attn_implementation=attn_implementation
+            spec, cache_dir=cache_dir, dtype=torch_dtype, device=target, attn_implementation=attn_implementation,
+            device_map=device_map,
         )
     if spec.startswith("tiny-"):
         model = tiny_random_model(spec.removeprefix("tiny-"), attn_implementation=attn_implementation)
         if torch_dtype != "auto":
             model = model.to(torch_dtype)
+        if isinstance(device_map, str) and device_map not in DEVICE_MAPS:
+            target = resolve_device(device_map)
         return _prepared(model, None, target)
     folder = Path(spec).expanduser()
     if folder.is_dir():
-        model, tokenizer = _load_pretrained(str(folder), torch_dtype, attn_implementation, _has_tokenizer(folder))
+        model, tokenizer = _load_pretrained(
+            str(folder), torch_dtype, attn_implementation, _has_tokenizer(folder), device_map
+        )
     else:
-        model, tokenizer = _load_from_hub(spec, torch_dtype, attn_implementation)
-    return _prepared(model, tokenizer, target)
+        model, tokenizer = _load_from_hub(spec, torch_dtype, attn_implementation, device_map)
+    return _prepared(model, tokenizer, None if device_map is not None else target)
 
 
 # ---------------------------------------------------------------------------------------------

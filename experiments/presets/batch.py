@@ -23,8 +23,7 @@ shuffled with ``--seed`` within; MT-Bench's first 16 in file order are all writi
 forward (the prefill), throughput = the batch's new tokens / ``decode_s``, the speedup of a decoder
 at B = its tokens/s over ``hf_greedy``'s on the same batches (ratio of sums). Every job resumes,
 so a rerun of the command finishes what an interrupted one left. ``report`` writes ``rows.csv``
-(the jobs' rows, one per sequence per decoder, in the columns ``scripts/gpu_bench.py --batch-rows``
-reads), the tables and the plot.
+(the jobs' rows, one per sequence per decoder, each with its per-step record), the tables and the plot.
 """
 
 from __future__ import annotations
@@ -271,7 +270,7 @@ def roofline_costs(params: float, bandwidth: float, flops: float, batch_sizes: S
     """An ASSUMED t(B, k), not a measurement: a forward of T = B x k tokens takes the longer of reading
     the weights once (``params x bytes / bandwidth``) and computing them (``2 x params x T / flops``);
     KV-cache reads, the same for every k at a given B, are left out. For projecting onto hardware
-    this session has no access to; ``scripts/gpu_bench.py --batch-rows`` measures the real curve."""
+    this session has no access to; ``cost.measure_latency(model, batch=B)`` on the device measures the real curve."""
     sizes = tuple(sorted(set(LATENCY_SIZES) | {64, 128}))
     read = params * bytes_per_param / bandwidth
     return {B: cm.CostModel(sizes, tuple(max(read, 2 * params * B * k / flops) for k in sizes), device="roofline",

@@ -131,6 +131,8 @@ def cache_hidden(model, chunks: list[list[int]], folder: Path, batch: int = 8) -
 
 
 def load_hidden(folder: Path):
+    """The cached hidden states and argmaxes, in host memory: each batch goes to the heads' device
+    as it is drawn (``evaluate``, ``train``), so a large corpus need not fit the GPU."""
     import torch
 
     shards = [torch.load(p, weights_only=True) for p in sorted(folder.glob("shard_*.pt"))]
@@ -154,11 +156,12 @@ def evaluate(heads, hidden, argmax, positions, ranks: int = 10) -> list[list[flo
     import torch
 
     c, t = positions
-    targets = head_targets(argmax, positions, heads.num_heads)
-    hits = torch.zeros(heads.num_heads, ranks)
+    device = next(heads.parameters()).device
+    targets = head_targets(argmax, positions, heads.num_heads).to(device)
+    hits = torch.zeros(heads.num_heads, ranks, device=device)
     with torch.inference_mode():
         for s in range(0, len(c), 512):
-            logits = heads(hidden[c[s:s + 512], t[s:s + 512]].float())          # (K, b, V)
+            logits = heads(hidden[c[s:s + 512], t[s:s + 512]].to(device).float())   # (K, b, V)
             top = logits.topk(ranks, dim=-1).indices                             # (K, b, r)
             hits += (top == targets[:, s:s + 512, None]).sum(1).float()
     return (hits / len(c)).tolist()
@@ -197,26 +200,27 @@ def train(args: argparse.Namespace) -> Path:
     eval_pos = (eval_chunks.repeat_interleave(last), torch.arange(last).repeat(len(eval_chunks)))
 
     heads = for_model(model, args.heads, args.layers, shared=True)
+    device = next(heads.parameters()).device       # the model's (--device): the cached states are on the host
     heads.train()
     optimizer = torch.optim.AdamW(heads.parameters(), lr=args.lr, weight_decay=0.0)
     state_path, curve_path = work / "train_state.pt", out / "curve.csv"
     state_key = {**key, "heads": args.heads, "layers": args.layers, "lr": args.lr, "batch": args.batch}
     step, seconds, curve, accuracy = 0, 0.0, [], None
     if state_path.is_file():
-        saved = torch.load(state_path, weights_only=False)
+        saved = torch.load(state_path, weights_only=False, map_location=device)
         if saved["key"] == state_key:
             heads.heads.load_state_dict(saved["heads"])
             optimizer.load_state_dict(saved["optimizer"])
             step, seconds, curve = saved["step"], saved["seconds"], saved["curve"]
             print(f"resuming at step {step} of {args.steps}")
-    weights = torch.tensor([LOSS_DECAY ** k for k in range(args.heads)])
+    weights = torch.tensor([LOSS_DECAY ** k for k in range(args.heads)], device=device)
     bar = tqdm(total=args.steps, initial=step, desc=f"medusa heads ({args.model})", unit="step")
     while step < args.steps:
         t = time.perf_counter()
         pick = torch.randint(len(train_chunks), (args.batch,), generator=g)
         pos = (train_chunks[pick], torch.randint(last, (args.batch,), generator=g))
-        targets = head_targets(argmax, pos, args.heads)
-        logits = heads(hidden[pos[0], pos[1]].float())                          # (K, B, V)
+        targets = head_targets(argmax, pos, args.heads).to(device)
+        logits = heads(hidden[pos[0], pos[1]].to(device).float())              # (K, B, V)
         losses = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(),
                                                    reduction="none").view(args.heads, -1).mean(1)
         optimizer.zero_grad()

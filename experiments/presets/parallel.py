@@ -103,7 +103,31 @@ def kv_bytes_per_token(config, dtype_bytes: int = 4) -> int:
     return 2 * config.num_hidden_layers * heads * head_dim * dtype_bytes
 
 
-def measure(out: Path, model_name: str, kv_length: int, repeats: int, device: str = "cpu") -> None:
+def all_gather_seconds(mine, ranks: int, backend: str) -> float:
+    """Seconds of one all-gather of ``mine`` (on the job's device), as a job's collectives run: under
+    nccl on the device itself; under gloo through host memory (from a GPU: the copy to the host and
+    the parts' copies back included). The device is synchronized before and after."""
+    import torch
+    import torch.distributed as dist
+
+    device = mine.device
+    parts = [torch.empty_like(mine, device=device if backend == "nccl" else "cpu") for _ in range(ranks)]
+    dist.barrier()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    if backend != "nccl" and device.type == "cuda":
+        dist.all_gather(parts, mine.cpu())
+        [p.to(device) for p in parts]
+    else:
+        dist.all_gather(parts, mine)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - start
+
+
+def measure(out: Path, model_name: str, kv_length: int, repeats: int, device: str = "cpu",
+            backend: str | None = None) -> None:
     import torch
     import torch.distributed as dist
 
@@ -113,19 +137,25 @@ def measure(out: Path, model_name: str, kv_length: int, repeats: int, device: st
     from lookahead_core.layout import causal_layout
     from lookahead_core.model_io import Feed, truncate_kv
 
-    parallel.init("gloo", timeout_s=600)
+    cuda = device.startswith("cuda")
+    backend = backend or ("nccl" if cuda else "gloo")          # the job's: nccl on GPUs
+    parallel.init(backend, timeout_s=600)
     rank, ranks = dist.get_rank(), dist.get_world_size()
     if ranks != 2:
         raise SystemExit("measure runs on two ranks: torchrun --nproc-per-node 2 -m experiments.presets.parallel measure")
     torch.set_num_threads(1)
-    # On a GPU both ranks share the one device: its curve is rank 0's alone, and the collectives run
-    # over gloo from host memory, the device-to-host copy of what is sent and back included.
-    cuda = device.startswith("cuda")
+    # nccl: each rank on its own GPU (LOCAL_RANK), the all-gathers between them. gloo on a GPU (one
+    # GPU for both ranks): the curve is rank 0's alone, the all-gathers go through host memory.
+    if backend == "nccl":
+        device = f"cuda:{torch.cuda.current_device()}"
+    elif cuda and ":" not in device:
+        device = "cuda:0"                       # not cuda:LOCAL_RANK: both ranks on the one GPU
     dtype = "float16" if cuda else "float32"
     model, _ = load_model(model_name, dtype=dtype, device=device)
     lm = CausalLM(model)
-    record: dict = {"model": model_name, "device": device, "dtype": dtype, "kv_length": kv_length, "vocab": model.config.vocab_size,
-                    "kv_bytes_per_token": kv_bytes_per_token(model.config, 2 if cuda else 4), "torch": torch.__version__}
+    record: dict = {"model": model_name, "device": device, "backend": backend, "dtype": dtype, "kv_length": kv_length,
+                    "vocab": model.config.vocab_size, "kv_bytes_per_token": kv_bytes_per_token(model.config, 2 if cuda else 4),
+                    "torch": torch.__version__}
 
     def save() -> None:
         if rank == 0:
@@ -149,24 +179,10 @@ def measure(out: Path, model_name: str, kv_length: int, repeats: int, device: st
         curve("both")                                      # both ranks compute at once, as P = 2 does
     dist.barrier()
 
-    def gather(parts: list, mine) -> float:
-        """Seconds of one all-gather of ``mine`` (from the device and back, on a GPU)."""
-        dist.barrier()
-        start = time.perf_counter()
-        if cuda:
-            here = mine.to(device).cpu()
-            dist.all_gather(parts, here)
-            [p.to(device) for p in parts]
-            torch.cuda.synchronize()
-        else:
-            dist.all_gather(parts, mine)
-        return time.perf_counter() - start
-
     points = []
     for nbytes in (2 ** e for e in range(12, 27)):         # 4 KB .. 64 MB per rank
-        mine = torch.zeros(nbytes // 4)
-        parts = [torch.empty_like(mine) for _ in range(ranks)]
-        times = [gather(parts, mine) for _ in range(repeats + 1)]
+        mine = torch.zeros(nbytes // 4, device=device)
+        times = [all_gather_seconds(mine, ranks, backend) for _ in range(repeats + 1)]
         points.append((nbytes, statistics.median(times[1:])))
     record["all_gather"] = points
     print(f"rank {rank}: all-gathers timed", flush=True)
@@ -188,18 +204,17 @@ def measure(out: Path, model_name: str, kv_length: int, repeats: int, device: st
         tokens = torch.randint(0, vocab, (k,), generator=gen).tolist()
         offs, _ = causal_layout(k)
         if cuda:
-            torch.cuda.synchronize()
+            torch.cuda.synchronize(device)
         start = time.perf_counter()
         lm.forward_batch(cache, [Feed(tokens, offs, None, kv_length, torch.arange(logit_rows))])
         if cuda:
-            torch.cuda.synchronize()
+            torch.cuda.synchronize(device)
         elapsed = time.perf_counter() - start
         truncate_kv(cache, kv_length)
         return elapsed
 
     def copy(nbytes: int) -> float:
-        mine = torch.zeros(nbytes // 4)
-        return gather([torch.empty_like(mine) for _ in range(ranks)], mine)
+        return all_gather_seconds(torch.zeros(nbytes // 4, device=device), ranks, backend)
 
     rows = []
     for window in (7, 15, 31):
@@ -405,7 +420,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     m.add_argument("--model", default="smollm2_135m")
     m.add_argument("--kv-length", type=int, default=256)
     m.add_argument("--repeats", type=int, default=5)
-    m.add_argument("--device", default="cpu", help="cpu, or cuda (the GPU check: both ranks on one GPU)")
+    m.add_argument("--device", default="cpu", help="cpu, or cuda (each rank its GPU, LOCAL_RANK)")
+    m.add_argument("--backend", choices=["gloo", "nccl"], help="default: nccl on cuda, gloo on cpu; "
+                   "gloo on cuda: both ranks on one GPU, all-gathers through host memory")
     m.add_argument("--out", type=Path, default=Path("results/parallel/cpu/measured.json"))
     r = sub.add_parser("report", help="the step-time table of scripts/runs/parallel/cpu.sh's rows")
     r.add_argument("root", type=Path)
@@ -417,7 +434,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     j.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     if args.command == "measure":
-        measure(args.out, args.model, args.kv_length, args.repeats, args.device)
+        measure(args.out, args.model, args.kv_length, args.repeats, args.device, args.backend)
     elif args.command == "report":
         report(args.root)
     else:

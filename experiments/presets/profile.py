@@ -70,12 +70,12 @@ def profile(args: argparse.Namespace, planned) -> Path:
     from lookahead_core import DecodeLimits
 
     from experiments.decoders.registry import CoreDecoder
-    from experiments.job.runner import Job
+    from experiments.job.runner import Job, placed
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     settings, adapter, items = planned
-    job = Job.start(settings, adapter, items)
+    job = Job.start(placed(settings), adapter, items)
     job.meter.close()     # the core's own step record and cProfile time this view, not the hooks
     prompts = [job.prompt_ids(item, 0, ()) for item in items]
     eos = job.settings.limits.eos_token_ids

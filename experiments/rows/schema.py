@@ -7,7 +7,7 @@ from __future__ import annotations
 # Files written with fewer columns are read back and rewritten with these (ResultStore).
 COLUMN_GROUPS: dict[str, tuple[str, ...]] = {
     "what ran": (
-        "experiment", "dataset", "item_id", "category", "turn", "model", "dtype", "device",
+        "experiment", "dataset", "item_id", "category", "turn", "model", "dtype", "device", "device_name",
         "attention", "linear", "decoder", "family", "baseline", "config", "settings", "W", "N", "G", "prompt_pool", "pool_only",
         "prompt_lookup", "assistant", "params", "temperature", "top_k", "top_p", "seed", "max_new_tokens",
         "threads", "repeats", "order", "batch_size", "batch", "batch_items", "lp_ranks", "load_avg", "torch", "transformers",

@@ -11,6 +11,7 @@
 # which brings its grid from ~50 to ~15 CPU-hours; its float32 rows at W2 N3 stay beside them as the check
 # that the dtype does not move S.
 # A bfloat16 row may leave greedy at a near-tie (diff_verdict), never at a confident token.
+# DEVICE= sets device (default cpu: device=auto refuses a bfloat16 model when it finds no GPU).
 # One model at a time, N by N, smallest step first, so that each run adds whole lines to the fit. Every job
 # resumes: rerun the script to go on. MODELS=, SETS=, NS=, WS= limit it. On the 2-core CPU the whole grid is
 # about 35 CPU-hours (SmolLM2 in float32 ~20, Qwen in bfloat16 ~15; all in float32 ~70), so it spans
@@ -34,7 +35,7 @@ for model in $models; do
                 HF_HUB_OFFLINE=1 python run.py experiment="$set" model="$model" dataset.limit=${LIMIT:-20} \
                     dataset.order=spread dataset.turns=1 experiment.max_new_tokens=${TOKENS:-128} \
                     decoding.temperature=0 experiment.score=false threads=${THREADS:-1} baseline=greedy model.linear=stock \
-                    model.dtype=${DTYPE:-float32} \
+                    model.dtype=${DTYPE:-float32} device=${DEVICE:-cpu} \
                     "decoders=$decoders" results_dir=${RESULTS:-results/scaling} || exit 1
             done
         done
