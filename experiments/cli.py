@@ -19,13 +19,14 @@ import sys
 
 import hydra
 from hydra import compose, initialize_config_dir
+from hydra.core.hydra_config import HydraConfig
 from hydra.errors import HydraException
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 from experiments.data.datasets import repo_root
 from experiments.config.errors import ConfigError, one_line
-from experiments.config.settings import plan
+from experiments.config.settings import chosen_decoders, plan
 from experiments.config.schema import register_configs
 
 register_configs()
@@ -50,6 +51,7 @@ def precheck(argv: list[str]) -> None:
 @hydra.main(config_path=str(repo_root() / "conf"), config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     try:
+        cfg = chosen_decoders(cfg, HydraConfig.get().overrides.task)    # decoding=X runs X
         settings, adapter, items = plan(cfg)   # validates, checks packages, reads the data: no torch yet
     except ConfigError as err:
         fail(str(err))

@@ -294,3 +294,44 @@ def test_model_linear_stock_resumes_the_files_written_before_the_key() -> None:
     committed = repo_root() / "results/scaling/mtbench/smollm2_135m/w2_n3+w2_n3_pool+tree_b9_n3-h6e1d733b-s0.csv"
     assert stock.results_path() == committed and committed.is_file()
     assert to_settings(compose_config(*overrides), device="cpu").fingerprint() != stock.fingerprint()
+
+
+def chosen(*overrides: str) -> RunSettings:
+    from experiments.config.settings import chosen_decoders
+
+    return to_settings(chosen_decoders(compose_config(*overrides), overrides))
+
+
+def test_decoding_on_the_command_line_runs_that_decoder_alone() -> None:
+    """The demo experiment lists hf_pld, lookahead and auto; ``decoding=lookahead`` runs lookahead
+    (it ran the demo's three before, the user's choice silently lost)."""
+    listed = chosen()
+    assert [d.name for d in listed.candidates] == ["hf_pld", "lookahead", "auto"]
+    alone = chosen("decoding=lookahead")
+    assert [d.name for d in alone.candidates] == ["lookahead"]
+    assert [d.name for d in chosen("decoding=auto", "experiment=humaneval").candidates] == ["auto"]
+
+
+def test_a_decoding_value_still_reaches_every_listed_decoder() -> None:
+    settings = chosen("decoding.ngram=3")
+    assert [d.name for d in settings.candidates] == ["hf_pld", "lookahead", "auto"]
+    assert settings.candidates[1].config.ngram == 3
+
+
+def test_decoding_and_decoders_together_are_refused_naming_both() -> None:
+    with pytest.raises(ConfigError, match=r"^decoding, decoders: name one"):
+        chosen("decoding=lookahead", "decoders=[hf_pld,auto]")
+    with pytest.raises(ConfigError, match=r"^decoding, decoders"):
+        chosen("decoding=auto", "decoders=[auto]")
+
+
+def test_the_command_line_applies_the_decoding_rule_before_any_model_loads(tmp_path: Path) -> None:
+    run = [sys.executable, str(repo_root() / "run.py"), f"results_dir={tmp_path}", "model=tiny_llama"]
+    both = subprocess.run([*run, "decoding=lookahead", "decoders=[hf_pld]"], capture_output=True, text=True,
+                          timeout=120)
+    assert both.returncode == 2 and "decoding, decoders: name one" in both.stderr, both.stderr
+    alone = subprocess.run([*run, "decoding=lookahead", "dataset.limit=0"], capture_output=True, text=True,
+                           timeout=300)
+    assert alone.returncode == 0, alone.stderr
+    assert "demo/tiny_llama/" in alone.stdout and "hf_pld" not in alone.stdout and "auto" not in alone.stdout, \
+        alone.stdout

@@ -2,8 +2,9 @@
 
 Every attack uses a route the courtesy guard does not see (ctypes calls into libc, a fresh
 ``posix`` module), so what is tested is the OS layer (bwrap, rlimits, seccomp). Each test then
-checks the host: canary files unchanged, no process of the sandbox uid left, the cgroup tree
-unchanged, no temporary directory left behind (so nothing else may run sandboxes meanwhile).
+checks the host: canary files unchanged, no process of the sandbox uid left, no cgroup made or
+changed that the sandbox could reach (its uid's, or writable by anyone; other tenants' cgroups come
+and go), no temporary directory left behind (so nothing else may run sandboxes meanwhile).
 """
 
 from __future__ import annotations
@@ -76,19 +77,26 @@ def _no_sandbox_processes_soon(deadline_s: float = 5.0) -> bool:
     return not _sandbox_processes()
 
 
-def _cgroup_tree() -> dict[str, str]:
-    """Cgroup directories and pids limits; without the pre-bubblewrap harness's own per-run
-    ``lookahead-sandbox-*`` cgroups, which other checkouts on a shared machine still make."""
-    tree = {}
+def _cgroups_in_reach() -> dict[str, str]:
+    """What of the host's cgroup tree a sandboxed program could have made or changed: directories
+    and files owned by the sandbox uid (a cgroup it created), and the files it may write (the
+    sandbox uid's, or writable by anyone), with their contents. Other tenants of the host create,
+    change and remove their own cgroups meanwhile (systemd scopes, containers): those are not the
+    sandbox's doing and are not compared."""
+    reach = {}
     for base, dirs, files in os.walk("/sys/fs/cgroup"):
-        dirs[:] = [d for d in dirs if not d.startswith("lookahead-sandbox-")]
-        for name in ("pids.max", "cgroup.procs") if "pids.max" in files else ():
+        dirs[:] = [d for d in dirs if not d.startswith("lookahead-sandbox-")]   # older checkouts' own
+        for name in dirs + files:
+            path = os.path.join(base, name)
             try:
-                tree[f"{base}/{name}"] = Path(base, name).read_text() if name == "pids.max" else ""
+                info = os.lstat(path)
+                if info.st_uid == SANDBOX_UID:
+                    reach[path] = "owned by the sandbox uid"
+                elif stat.S_ISREG(info.st_mode) and info.st_mode & stat.S_IWOTH:
+                    reach[path] = Path(path).read_text(errors="replace")
             except OSError:
-                continue
-        tree.update({f"{base}/{d}": "dir" for d in dirs})
-    return tree
+                continue                       # gone meanwhile, or not readable: no one's to judge
+    return reach
 
 
 def _leftover_dirs() -> set[str]:
@@ -121,13 +129,13 @@ class Canaries:
 @pytest.fixture
 def host() -> Iterator[Canaries]:
     """Canaries outside the work directory; afterwards the host must be exactly as before."""
-    processes, cgroups, leftovers = _sandbox_processes(), _cgroup_tree(), _leftover_dirs()
+    processes, cgroups, leftovers = _sandbox_processes(), _cgroups_in_reach(), _leftover_dirs()
     canaries = Canaries(repo_root() / f".sandbox-canary-{secrets.token_hex(4)}")
     try:
         yield canaries
         assert canaries.state() == canaries.before, "a canary outside the work directory changed"
         assert processes == [] and _no_sandbox_processes_soon(), "a sandboxed process was left behind"
-        assert _cgroup_tree() == cgroups, "the host cgroup tree changed"
+        assert _cgroups_in_reach() == cgroups, "the sandbox made or changed a cgroup"
         assert _leftover_dirs() <= leftovers, "a sandbox temporary directory was left behind"
     finally:
         for path in canaries.dir.iterdir():
@@ -552,3 +560,32 @@ def test_process_mode_is_announced_and_recorded(tmp_path: Path, capsys: pytest.C
     assert "sandbox=process" in capsys.readouterr().err
     rows = pd.read_csv(path)
     assert (rows["sandbox"] == "process").all() and rows["passed"].notna().all()
+
+
+def _new_cgroup() -> Path | None:
+    """A fresh cgroup directory of this test's, where the host lets root make one (else None)."""
+    for parent in ("/sys/fs/cgroup/pids", "/sys/fs/cgroup/unified", "/sys/fs/cgroup"):
+        path = Path(parent, f"lookahead-test-{secrets.token_hex(4)}")
+        try:
+            path.mkdir()
+            return path
+        except OSError:
+            continue
+    return None
+
+
+def test_the_host_check_sees_a_cgroup_the_sandbox_uid_made_and_not_another_tenants() -> None:
+    """The cgroup check compares what the sandbox could reach: a cgroup owned by the sandbox uid
+    (one an escaped program made) is seen; one that another tenant makes or removes meanwhile is
+    not the sandbox's doing (it failed the suite once, on a shared host)."""
+    before = _cgroups_in_reach()
+    other = _new_cgroup()
+    if other is None:
+        pytest.skip("this host lets no one here make a cgroup")
+    try:
+        assert _cgroups_in_reach() == before, "another tenant's new cgroup was taken for the sandbox's"
+        os.chown(other, SANDBOX_UID, SANDBOX_UID)
+        assert str(other) in set(_cgroups_in_reach()) - set(before)
+    finally:
+        other.rmdir()
+    assert _cgroups_in_reach() == before

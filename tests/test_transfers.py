@@ -273,3 +273,25 @@ def test_decode_records_model_time_on_the_cpu():
     model = tiny_random_model("llama")
     stats = decode(model, PROMPT, LookaheadConfig(window=3, ngram=3, guess=3), DecodeLimits(max_new_tokens=8)).stats
     assert 0 < stats.model_seconds <= stats.decode_seconds and stats.prefill_seconds > 0
+
+
+def test_the_harness_forward_meter_times_with_events_not_synchronize(monkeypatch):
+    """The harness's forward hooks on a GPU record CUDA events (the same clock as the core's); they
+    called ``torch.cuda.synchronize()`` twice a forward, on the default device whatever the model's."""
+    from experiments.job.runner import ForwardMeter
+
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
+    synchronized = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: synchronized.append(device))
+    model = tiny_random_model("llama")
+    meter = ForwardMeter(model)
+    meter._clock = decoder_module.ForwardClock(torch.device("cuda:1"))     # as for a model on cuda:1
+    _FakeEvent.synchronized = []
+    try:
+        for _ in range(3):
+            model(torch.tensor([[1, 2, 3]]))
+        assert synchronized == [] and _FakeEvent.synchronized == []
+        assert len(meter.durations) == 3 and all(d > 0 for d in meter.durations)
+    finally:
+        meter.close()

@@ -459,6 +459,22 @@ def load_items(settings: RunSettings, adapter: DatasetAdapter, limit: int | None
 CODE_DATASETS = ("humaneval", "mbpp", "classeval")   # their outputs run in the sandbox for pass@k
 
 
+def chosen_decoders(cfg: DictConfig, overrides: Sequence[str]) -> DictConfig:
+    """The decoders the user named win over the experiment's: ``decoding=X`` on the command line
+    (``overrides``) runs X alone, an experiment's ``decoders`` list being only the default for a
+    user who names none; ``decoding=X`` and ``decoders=[...]`` together are refused, since they are
+    two answers to one question. ``decoding.<key>=...`` still sets a value on every listed decoder."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    named = {o.key_or_group for o in OverridesParser.create().parse_overrides(list(overrides))}
+    if {"decoding", "decoders"} <= named:
+        raise ConfigError("decoding, decoders: name one: decoding=<option> runs that decoder, "
+                          "'decoders=[a,b,...]' runs several (each against the baseline)")
+    if "decoding" in named and cfg.decoders is not None:
+        cfg.decoders = None
+    return cfg
+
+
 def plan(cfg: DictConfig) -> tuple[RunSettings, DatasetAdapter, list[Item]]:
     """Validate the config, the installed packages and the data: everything before a model loads."""
     settings = to_settings(cfg)
