@@ -1,13 +1,21 @@
 """The decode loop: greedy baseline, lookahead (W, N, G), prompt pool, pool-only and token trees,
 greedy or sampled, for one sequence (``decode``) or a batch (``decode_batch``).
 
-One loop serves every mode and batch size. Each step, for every live sequence:
-  1. gather drafts from the sources (drafts.py: the n-gram pool, suffix matches, recycled
-     successors) into one tree, cut to the token budget;
-  2. fuse input token + window + tree into one forward, every sequence's rows in one batch
-     (layout.py builds masks and positions);
-  3. verify: walk the tree, the accepted path plus one token of the model's own (verify.py);
-  4. commit: keep the KV rows of the accepted path, advance the window, update the sources.
+One loop serves every mode and batch size. ``_prefill`` fills the cache with the prompts and
+gives each sequence its first token; then each step, for every live sequence:
+  1. ``_draft``: gather drafts from the sources (drafts.py: the n-gram pool, suffix matches,
+     recycled successors) into one tree, cut to the token budget, and lay out what the sequence
+     feeds: input token + window + tree (layout.py builds masks and positions);
+  2. ``_forward``: one forward for every sequence's rows, in one batch;
+  3. ``_verify``: read the logits to the host (``_read``: one copy for the batch) and walk the tree:
+     the accepted path plus one token of the model's own (verify.py);
+  4. ``_accept``: append those tokens to the sequence, up to EOS, max_new_tokens or a stop string;
+  5. ``_learn``: hand the sources the step's outcome (the committed text, the window's next level,
+     the rows' top-k, a hidden state) and count the tree's acceptance (``DraftStats``);
+  6. ``_keep``: the KV rows to keep, the input token's and the accepted path's (``commit_kv``).
+A finished sequence then leaves the batch with its output (``retire``). A greedy step makes at
+most 4 host<->device transfers (tests/test_transfers.py): the feed (2), the logits read (3; a
+second copy with Token Recycling's top-k) and the kept rows' indices (6).
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ from .inputs import check_vocabulary, validate_input_ids
 from .positions import fit_step
 from .pool import NGramPool
 from .sources import active
-from .verify import Verifier, make_verifier, verify_greedy
+from .verify import Verdict, Verifier, make_verifier, verify_greedy
 
 
 @dataclass
@@ -178,7 +186,7 @@ class _Sequence:
     proposer: Proposer | None
     pool: NGramPool | None
     stats: DecodeStats
-    progress: _Progress | None = None
+    done: bool = False                            # EOS, max_new_tokens or a stop string reached
     spans: list = field(default_factory=list)     # the forwards it took part in (ForwardClock.span)
 
     @property
@@ -203,8 +211,7 @@ def _run(model, prompts: list[list[int]], lookahead: LookaheadConfig | None, lim
     clock = ForwardClock(lm.device)
     cache, first = _prefill(lm, prompts, state, [s.stats for s in seqs], hidden, clock)
     for seq, (logits, last_hidden) in zip(seqs, first):
-        seq.progress = _accept(seq.tokens, seq.verify(EMPTY_TREE, logits[None]).tokens, 0, limits, tokenizer,
-                               len(seq.prompt))
+        _accept(seq, seq.verify(EMPTY_TREE, logits[None]).tokens, limits, tokenizer)
         if lookahead is not None:
             seq.stats.drafts.prior = prior
             seq.proposer = Proposer.from_config(lookahead, seq.tokens, seq.pool, seq.prompt, lm.drafters,
@@ -217,12 +224,12 @@ def _run(model, prompts: list[list[int]], lookahead: LookaheadConfig | None, lim
 
     def retire(start: float) -> None:
         nonlocal live
-        done = [r for r, i in enumerate(live) if seqs[i].progress.done]
+        done = [r for r, i in enumerate(live) if seqs[i].done]
         for r in done:
             seq = seqs[live[r]]
             seq.stats.decode_seconds = time.perf_counter() - start
             seq.stats.model_seconds = clock.seconds(seq.spans)
-            seq.stats.new_tokens = seq.progress.count
+            seq.stats.new_tokens = len(seq.tokens) - len(seq.prompt)
             keep_pool = lookahead is not None and lookahead.keep_pool
             out_state = DecodeState(sequence_cache(cache, r, seq.committed), seq.tokens[:-1],
                                     seq.pool if keep_pool else None, seq.stats.drafts.learnt() if keep_pool else None)
@@ -238,27 +245,21 @@ def _run(model, prompts: list[list[int]], lookahead: LookaheadConfig | None, lim
     retire(start)
     while live:
         batch = [seqs[i] for i in live]
-        steps = [_plan(seq, lm.position_limit) for seq in batch]
-        past, valid = cache.get_seq_length(), [seq.committed for seq in batch]
-        comm = lm.comm_seconds
-        with clock.span() as span:
-            outs = lm.forward_batch(cache, [step.feed for step in steps], hidden)
-        logits, states = zip(*outs) if hidden else (outs, [None] * len(outs))
+        plans = [_draft(seq, lm.position_limit) for seq in batch]
+        past, valid, comm = cache.get_seq_length(), [seq.committed for seq in batch], lm.comm_seconds
+        logits, states = _forward(lm, cache, batch, plans, hidden, clock)
+        verdicts, reads = _verify(batch, plans, logits)
         keep = []
-        for seq, step, row_logits, row_states, read in zip(batch, steps, logits, states, _read(batch, steps, logits)):
-            seq.spans.append(span)
-            keep.append(_finish(seq, step, row_logits, row_states, read, limits, tokenizer))
+        for seq, plan, verdict, read, row_states in zip(batch, plans, verdicts, reads, states):
+            kept = _accept(seq, verdict.tokens, limits, tokenizer)
+            seq.stats.accepted.append(kept)
+            _learn(seq, plan, verdict, kept, read, row_states)
+            keep.append(_keep(plan, verdict, kept))
         lm.commit(cache, past, keep, valid)
         for seq in batch:
             seq.stats.comm_seconds += lm.comm_seconds - comm
         retire(start)
     return [outputs[i] for i in range(len(seqs))]
-
-
-@dataclass(frozen=True)
-class _Progress:
-    count: int
-    done: bool
 
 
 @dataclass(frozen=True)
@@ -269,9 +270,10 @@ class _Plan:
     windowed: bool                   # the window's rows are in this step (not near the position limit)
 
 
-def _plan(seq: _Sequence, position_limit: int | None) -> _Plan:
-    """What the sequence feeds this step: input token + window + draft tree, all below the model's
-    last position (near it the window sits the step out and the tree is cut to the depth that fits)."""
+def _draft(seq: _Sequence, position_limit: int | None) -> _Plan:
+    """1. What the sequence feeds this step: input token + window + the sources' draft tree, all
+    below the model's last position (near it the window sits the step out and the tree is cut to
+    the depth that fits)."""
     proposer = seq.proposer
     window = proposer.window if proposer is not None else None
     levels = len(window.levels) if window is not None else 0
@@ -287,6 +289,28 @@ def _plan(seq: _Sequence, position_limit: int | None) -> _Plan:
     fed = [seq.tokens[-1]] + window_tokens + list(tree.tokens)
     visible = None if layout.causal else layout.visible           # None: a plain causal chain
     return _Plan(tree, layout, Feed(fed, layout.offsets, visible, seq.committed, layout.logit_rows), window is not None)
+
+
+def _forward(lm: CausalLM, cache, batch: list[_Sequence], plans: list[_Plan], hidden: bool,
+             clock: ForwardClock) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
+    """2. One forward over every sequence's rows: each one's logits (r, V) and, with ``hidden``,
+    last hidden states (r, H) (else None), on the model's device; every sequence counts the step."""
+    with clock.span() as span:
+        outs = lm.forward_batch(cache, [plan.feed for plan in plans], hidden)
+    for seq, plan in zip(batch, plans):
+        seq.spans.append(span)
+        seq.stats.steps += 1
+        seq.stats.step_tokens.append(plan.layout.size)
+    if hidden:
+        return [logits for logits, _ in outs], [states for _, states in outs]
+    return list(outs), [None] * len(outs)
+
+
+def _verify(batch: list[_Sequence], plans: list[_Plan], logits: list[torch.Tensor]) -> tuple[list[Verdict], list[_Read]]:
+    """3. Each sequence's verdict on its tree (verify.py), from what the host has read of the logits."""
+    reads = _read(batch, plans, logits)
+    return [seq.verify(plan.tree, rows, plan.layout.tree_logits.tolist(), read.argmax)
+            for seq, plan, rows, read in zip(batch, plans, logits, reads)], reads
 
 
 @dataclass(frozen=True)
@@ -323,47 +347,42 @@ def _read(batch: list[_Sequence], plans: list[_Plan], logits: list[torch.Tensor]
     return reads
 
 
-def _finish(seq: _Sequence, plan: _Plan, logits: torch.Tensor, hidden: torch.Tensor | None, read: _Read,
-            limits: DecodeLimits, tokenizer) -> list[int]:
-    """Verify the sequence's step (logits (r, V) and last hidden states (r, H) or None, on the model's
-    device; ``read``: what the host has read of the logits), commit its tokens, update its sources;
-    return the step rows whose KV it keeps: the input token's and the accepted path's (the last
-    token has none yet)."""
-    stats, layout, fed = seq.stats, plan.layout, plan.feed.tokens
-    stats.steps += 1
-    stats.step_tokens.append(layout.size)
-    proposer = seq.proposer
-    verdict = seq.verify(plan.tree, logits, layout.tree_logits.tolist(), read.argmax)
-    before = len(seq.tokens)
-    seq.progress = _accept(seq.tokens, verdict.tokens, seq.progress.count, limits, tokenizer, len(seq.prompt))
-    kept = len(seq.tokens) - before              # what survived EOS / max / stop truncation
-    stats.accepted.append(kept)
-    path_rows = layout.tree_rows[verdict.path].tolist() if verdict.path else []
-    if proposer is not None:
-        outcome = StepOutcome(seq.tokens, before, fed[0])
-        if plan.windowed:
-            outcome = replace(outcome, window_next=[read.argmax[r] for r in layout.last_level_logits.tolist()])
-        if proposer.topk:
-            outcome = replace(outcome, row_tokens=[fed[r] for r in layout.logit_rows.tolist()],
-                              row_topk=read.topk, row_topk_probs=read.topk_probs)
-        if hidden is not None:          # a source wants the hidden state of the row that gave the last kept token
-            row = int(layout.tree_logits[verdict.path[kept - 2] + 1 if kept > 1 else 0])
-            outcome = replace(outcome, hidden=hidden[row])
-        proposer.update(outcome, plan.tree, verdict.path)
+def _accept(seq: _Sequence, tokens: list[int], limits: DecodeLimits, tokenizer) -> int:
+    """4. Append ``tokens`` to the sequence until EOS, max_new_tokens or a stop string (then it is
+    done); return how many it kept."""
+    for kept, token in enumerate(tokens, start=1):
+        seq.tokens.append(token)
+        if token in limits.eos_token_ids or len(seq.tokens) - len(seq.prompt) >= limits.max_new_tokens or \
+                limits.stop_strings and _hits_stop(tokenizer, seq.tokens[len(seq.prompt):], limits.stop_strings):
+            seq.done = True
+            return kept
+    return len(tokens)
+
+
+def _learn(seq: _Sequence, plan: _Plan, verdict: Verdict, kept: int, read: _Read, hidden: torch.Tensor | None) -> None:
+    """5. Hand the sequence's sources what the step showed (``StepOutcome``): the ``kept`` tokens it
+    committed, the window's next level, every logit row's top-k, the hidden state of the row that
+    gave the last kept token; and count the tree's acceptance (``Proposer.update``)."""
+    proposer, layout, fed = seq.proposer, plan.layout, plan.feed.tokens
+    if proposer is None:
+        return
+    outcome = StepOutcome(seq.tokens, len(seq.tokens) - kept, fed[0])
+    if plan.windowed:
+        outcome = replace(outcome, window_next=[read.argmax[r] for r in layout.last_level_logits.tolist()])
+    if proposer.topk:
+        outcome = replace(outcome, row_tokens=[fed[r] for r in layout.logit_rows.tolist()],
+                          row_topk=read.topk, row_topk_probs=read.topk_probs)
+    if hidden is not None:
+        row = int(layout.tree_logits[verdict.path[kept - 2] + 1 if kept > 1 else 0])
+        outcome = replace(outcome, hidden=hidden[row])
+    proposer.update(outcome, plan.tree, verdict.path)
+
+
+def _keep(plan: _Plan, verdict: Verdict, kept: int) -> list[int]:
+    """6. The step rows whose KV the sequence keeps: the input token's and the accepted path's, as
+    far as its ``kept`` tokens go (the last one has no KV yet)."""
+    path_rows = plan.layout.tree_rows[verdict.path].tolist() if verdict.path else []
     return [0] + path_rows[: kept - 1]
-
-
-def _accept(tokens: list[int], proposed: list[int], count: int, limits: DecodeLimits,
-            tokenizer, prompt_len: int) -> _Progress:
-    """Append ``proposed`` to ``tokens`` until EOS, max_new_tokens or a stop string."""
-    for token in proposed:
-        tokens.append(token)
-        count += 1
-        if token in limits.eos_token_ids or count >= limits.max_new_tokens:
-            return _Progress(count, True)
-        if limits.stop_strings and _hits_stop(tokenizer, tokens[prompt_len:], limits.stop_strings):
-            return _Progress(count, True)
-    return _Progress(count, False)
 
 
 def _hits_stop(tokenizer, generated: list[int], stop_strings: tuple[str, ...]) -> bool:

@@ -21,8 +21,8 @@ Sources:
   logits computed at that token (every row the step already computes: input, tree, the window's
   last level; with ``recycle_window`` every window row); a tree grown from it by a fixed
   template (``recycle:p<d>``, d = the decile of the successor's softmax probability there). The
-  table outlasts the decode in ``DraftStats.successors``: a decode whose prior carries one drafts
-  from its first step.
+  table outlasts the decode: it travels in the prior (``DraftStats.carried``), so a decode whose
+  prior carries one drafts from its first step.
 * ``MedusaSource`` (``lookahead_core/medusa.py``): trained Medusa heads' top tokens along their
   sparse tree (``medusa:<rank>``, depth = head), from the hidden state the step hands over.
 
@@ -33,12 +33,12 @@ depth) acceptance rates, measured online as steps verify; a tag carries the node
 and an unseen one starts from the tag's own estimate (a probability decile's midpoint) or the
 depth above), keeps the best nodes within the step's token budget (``layout.prune_tree``) and
 records fed / tried / accepted counts per tag and depth, and each tried node's estimate against
-its outcome (``DraftStats.reliability``: a reliability diagram per source).
+its outcome (``DraftStats.reliability``, :class:`Bins`: a reliability diagram per source).
 """
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import islice
@@ -84,8 +84,10 @@ class DraftSource(Protocol):
 
     def update(self, outcome: StepOutcome) -> None: ...
 
-    # Optional: ``remember(stats)``, called once per decode with its ``DraftStats``, for a source
-    # that keeps what it learns across decodes there (RecycleSource: ``DraftStats.successors``).
+    # Optional, for a source that keeps what it learns across decodes (RecycleSource): ``name`` and
+    # ``carry(earlier) -> state``, called once per decode: it starts from ``earlier`` (the state the
+    # decode's prior carries under ``name``, read only) and returns its own state, a dict that
+    # travels in ``DraftStats.carried`` to the next decode's prior, on top of ``earlier``.
 
 
 class NGramSource:
@@ -208,24 +210,27 @@ class RecycleSource:
     those with its top ``k // 2``, then ``k // 4``, ... (at least 1), ``depth`` levels deep. Each
     node is tagged with its own estimate: the decile of the softmax probability the successor had
     at the row it came from (``recycle:p<d>``, d = 0..9; :func:`tag_guess` reads it), so a step can
-    tell the confident successor from the three long shots beside it.
+    tell the confident successor from the three long shots beside it. The table outlasts the
+    decode (Token Recycling keeps its matrix across queries): :meth:`carry`.
     """
+
+    name = "recycle"            # what its table travels under in a prior (``DraftStats.carried``)
 
     def __init__(self, k: int, depth: int) -> None:
         self.topk, self.depth = k, depth
         self.successors: dict[int, list[tuple[int, int]]] = {}    # token -> [(successor, decile)]
-        self.earlier: dict[int, list[tuple[int, int]]] = {}       # read only: other decodes' table
+        self.earlier: dict[int, list[tuple[int, int]]] = {}       # read only: earlier decodes' table
 
     @classmethod
     def from_config(cls, config: LookaheadConfig, size: int, context: Sequence[int]) -> RecycleSource:
         return cls(size, config.draft_depth)
 
-    def remember(self, stats: DraftStats) -> None:
-        """Start from the table of the decodes ``stats.prior`` learnt from (read, never written:
-        every decode from the same prior starts alike) and keep this decode's in ``stats``, so
-        that ``stats.learnt()`` hands both on (Token Recycling keeps its matrix across queries)."""
-        self.earlier = stats.prior.successors if stats.prior is not None else {}
-        self.successors = stats.successors
+    def carry(self, earlier: dict) -> dict:
+        """Draft from ``earlier``, the table the decode's prior carries (read, never written: every
+        decode from the same prior starts alike), where this decode has no row of its own; return
+        this decode's table, which the next prior carries on top (``DraftStats.learnt``)."""
+        self.earlier = earlier
+        return self.successors
 
     def _next(self, token: int) -> list[tuple[int, int]]:
         found = self.successors.get(token)
@@ -290,10 +295,126 @@ def base_source(tag: str) -> str:
     return tag.split(":", 1)[0]
 
 
+def node_class(tag: str, tags: Sequence[str]) -> str:
+    """A node's class as one of its tags sees it: the tag, ``|``, the other sources that proposed
+    the node (``alone`` if none).
+
+    >>> node_class("pool:h1", ("pool:h1",)), node_class("pool:h1", ("suffix:4:c1", "pool:h1", "recycle:p3"))
+    ('pool:h1|alone', 'pool:h1|recycle+suffix')
+    """
+    own = base_source(tag)
+    return f"{tag}|{'+'.join(sorted({base_source(t) for t in tags} - {own})) or 'alone'}"
+
+
+def tried_nodes(tree: DraftTree, path: Sequence[int]) -> list[tuple[tuple[str, ...], int, bool]]:
+    """(tags, depth, accepted) of every node the walk looked at: its parent was accepted."""
+    on_path = set(path)
+    return [(tags, depth, node in on_path) for node, (tags, parent, depth)
+            in enumerate(zip(tree.tags, tree.parents, tree.depths)) if parent < 0 or parent in on_path]
+
+
+@dataclass
+class Counts:
+    """Counting: per (tag or node class, depth), the nodes fed, those tried (their parent was
+    accepted, so the walk looked at them) and those accepted; saved and read back as a table."""
+
+    fed: Counter = field(default_factory=Counter)
+    tried: Counter = field(default_factory=Counter)
+    accepted: Counter = field(default_factory=Counter)
+
+    def add(self, tree: DraftTree, path: Sequence[int]) -> None:
+        """Count a verified step: every node fed, per tag; those tried and accepted, per tag and per
+        node class (:func:`node_class`)."""
+        for tags, depth in zip(tree.tags, tree.depths):
+            for tag in tags:
+                self.fed[tag, depth] += 1
+        for tags, depth, accepted in tried_nodes(tree, path):
+            for key in {*tags, *(node_class(tag, tags) for tag in tags)}:
+                self.tried[key, depth] += 1
+                self.accepted[key, depth] += accepted
+
+    def merge(self, other: Counts) -> None:
+        self.fed.update(other.fed), self.tried.update(other.tried), self.accepted.update(other.accepted)
+
+    def table(self, by_source: bool = True) -> list[dict]:
+        """Rows (source, depth, fed, tried, accepted, acceptance = accepted / tried) per source, or
+        per tag and node class (``by_source=False``, what ``from_table`` reads back)."""
+        rows: dict[tuple[str, int], Counter] = {}
+        for counter, name in ((self.fed, "fed"), (self.tried, "tried"), (self.accepted, "accepted")):
+            for (tag, depth), n in counter.items():
+                if by_source and "|" in tag:          # a node class: its nodes are its tag's too
+                    continue
+                key = (base_source(tag) if by_source else tag, depth)
+                rows.setdefault(key, Counter())[name] += n
+        return [{"source": s, "depth": d, "fed": c["fed"], "tried": c["tried"], "accepted": c["accepted"],
+                 "acceptance": c["accepted"] / c["tried"] if c["tried"] else None}
+                for (s, d), c in sorted(rows.items())]
+
+    @classmethod
+    def from_table(cls, rows: Sequence[dict]) -> Counts:
+        """The counts of ``table(by_source=False)``'s rows, e.g. from a saved record."""
+        counts = cls()
+        for row in rows:
+            key = (row["source"], int(row["depth"]))
+            for name in ("fed", "tried", "accepted"):
+                if row[name]:
+                    getattr(counts, name)[key] = int(row[name])
+        return counts
+
+
+def _decile(estimate: float) -> int:
+    return min(int(estimate * 10), 9)
+
+
+class Bins(Counter):
+    """Estimates against outcomes, per source and decile of the estimate: ``(source, decile, kind)``
+    -> the nodes tried, those accepted and their estimates' sum (kind ``tried``, ``accepted``,
+    ``predicted``). Recalibration scales an estimate by its bin's accepted / predicted; the rows
+    are a reliability diagram's points."""
+
+    def add(self, source: str, estimate: float, accepted: bool) -> None:
+        bin_ = _decile(estimate)
+        self[source, bin_, "tried"] += 1
+        self[source, bin_, "accepted"] += bool(accepted)
+        self[source, bin_, "predicted"] += estimate
+
+    def rows(self) -> list[dict]:
+        """Rows (source, bin, tried, predicted = mean estimate, observed = accepted / tried) per bin:
+        well-calibrated estimates put every bin's observed rate near its mean prediction."""
+        keys = sorted({(source, bin_) for source, bin_, _ in self})
+        return [{"source": source, "bin": bin_, "tried": self[source, bin_, "tried"],
+                 "predicted": self[source, bin_, "predicted"] / self[source, bin_, "tried"],
+                 "observed": self[source, bin_, "accepted"] / self[source, bin_, "tried"]}
+                for source, bin_ in keys if self[source, bin_, "tried"]]
+
+    def to_list(self) -> list[list]:
+        """The bins as JSON-able ``[source, bin, kind, value]`` rows, what ``from_list`` reads back."""
+        return [[source, bin_, kind, value] for (source, bin_, kind), value in sorted(self.items())]
+
+    @classmethod
+    def from_list(cls, rows: Sequence[Sequence]) -> Bins:
+        return cls({(source, int(bin_), kind): value for source, bin_, kind, value in rows})
+
+
+def reliability_table(outcomes: Sequence[tuple[str, float, bool]]) -> list[dict]:
+    """:meth:`Bins.rows` of (source, predicted acceptance, accepted) per tried node.
+
+    >>> reliability_table([("recycle", 0.82, True), ("recycle", 0.88, False), ("suffix", 0.31, False)])
+    ... # doctest: +NORMALIZE_WHITESPACE
+    [{'source': 'recycle', 'bin': 8, 'tried': 2, 'predicted': 0.85, 'observed': 0.5},
+     {'source': 'suffix', 'bin': 3, 'tried': 1, 'predicted': 0.31, 'observed': 0.0}]
+    """
+    bins = Bins()
+    for source, predicted, accepted in outcomes:
+        bins.add(source, predicted, accepted)
+    return bins.rows()
+
+
 @dataclass
 class DraftStats:
-    """Per (tag, depth): nodes fed, nodes tried (their parent was accepted, so the walk looked at
-    them) and nodes accepted; a node's estimate is made of three parts.
+    """A decode's draft acceptance: what it measured (``counts``; the ``calibration`` and
+    ``reliability`` bins), what its sources carry to later decodes (``carried``), on top of what
+    earlier decodes measured (``prior``); and the estimate a node is cut by, made of three parts.
 
     1. **Its class's rate.** A node's class is a tag with the other sources that proposed the same
        node (:func:`node_class`: ``pool:h1|alone``, ``pool:h1|recycle+suffix``), because agreement
@@ -313,7 +434,7 @@ class DraftStats:
        estimate the cut uses is the raw one times its bin's accepted / predicted ratio, toward 1
        with ``RECALIBRATION_TRIES`` pseudo-nodes (:meth:`corrected`; histogram binning, learnt as
        the decode goes, from earlier steps only). ``reliability`` bins the corrected estimates
-       against the outcomes: the diagram a user checks.
+       against the outcomes: the diagram a user checks (``reliability.rows()``).
 
     ``prior``: what other decodes measured (``decoding=auto``'s store, a conversation's earlier
     turns; ``DecodeState.drafts``). Without it a decode starts from the guesses, and a budget that
@@ -322,19 +443,16 @@ class DraftStats:
     scored 0.5, 0.25, 0.125 never pays, though copies are accepted at 0.8-1.0 given the parent
     beyond depth 1. The level-above guess is what lets an unseen depth-9 node score more than
     0.5 ** 9 (measured acceptance given the parent rises with depth: suffix drafts on CNN/DM 0.34,
-    0.83, 0.90, 0.96, 0.99, so the level above is a cautious guess)."""
+    0.83, 0.90, 0.96, 0.99, so the level above is a cautious guess).
 
-    fed: Counter = field(default_factory=Counter)
-    tried: Counter = field(default_factory=Counter)        # per (tag or node class, depth)
-    accepted: Counter = field(default_factory=Counter)
+    ``carried``: per source name, the state a source keeps across decodes (``DraftSource.carry``;
+    Token Recycling's successor table under ``recycle``), handed on by :meth:`learnt` as acceptance is."""
+
+    counts: Counts = field(default_factory=Counts)
+    calibration: Bins = field(default_factory=Bins, repr=False, compare=False)   # of the raw estimates
+    reliability: Bins = field(default_factory=Bins, repr=False, compare=False)   # of the estimates used
+    carried: defaultdict = field(default_factory=lambda: defaultdict(dict), repr=False, compare=False)
     prior: DraftStats | None = field(default=None, repr=False, compare=False)
-    # Per (source, decile of the estimate): tried nodes, accepted ones, the estimates' sum; for the
-    # raw estimates (``calibration``, what ``corrected`` learns from) and the used ones (``reliability``).
-    calibration: Counter = field(default_factory=Counter, repr=False, compare=False)
-    reliability_counts: Counter = field(default_factory=Counter, repr=False, compare=False)
-    # Token Recycling's table (token -> [(successor, decile)]) as these decodes left it, latest last:
-    # what a source with ``remember`` carries to the next decode (not acceptance, but learnt alike).
-    successors: dict = field(default_factory=dict, repr=False, compare=False)
     _rates: dict = field(default_factory=dict, repr=False, compare=False)
 
     def rate(self, tag: str, depth: int) -> float:
@@ -344,7 +462,7 @@ class DraftStats:
         if key not in self._rates:
             plain, _, _ = tag.partition("|")
             guess = _guess(plain, depth)
-            if self.prior is not None and self.prior.tried[key]:
+            if self.prior is not None and self.prior.counts.tried[key]:
                 prior = self.prior.rate(tag, depth)
             elif plain != tag:                        # an unseen class: its tag's rate
                 prior = self.rate(plain, depth)
@@ -352,13 +470,13 @@ class DraftStats:
                 prior = guess
             else:
                 prior = self.rate(tag, depth - 1)
-            self._rates[key] = (self.accepted[key] + PRIOR_TRIES * prior) / (self.tried[key] + PRIOR_TRIES)
+            self._rates[key] = (self.counts.accepted[key] + PRIOR_TRIES * prior) / (self.counts.tried[key] + PRIOR_TRIES)
         return self._rates[key]
 
     def corrected(self, source: str, raw: float) -> float:
         """``raw`` times the accepted / predicted ratio of its decile among the source's tried nodes
         (this decode's and the prior's), toward 1 with ``RECALIBRATION_TRIES`` pseudo-nodes: part 3."""
-        bin_ = _bin(raw)
+        bin_ = _decile(raw)
         accepted = predicted = 0.0
         for stats in (self, self.prior):
             if stats is not None:
@@ -373,91 +491,34 @@ class DraftStats:
         rates) and the tag it comes from: what ``Proposer.scores`` multiplies along the path."""
         return max((self.corrected(base_source(tag), self.rate(node_class(tag, tags), depth)), tag) for tag in tags)
 
+    def record(self, tree: DraftTree, path: Sequence[int]) -> None:
+        """Count a verified step (``counts``) and bin each tried node's raw and corrected estimate,
+        as it was fed (before this step's counts), against its outcome."""
+        outcomes = []                                 # every estimate first, then the bins and counts
+        for tags, depth, accepted in tried_nodes(tree, path):
+            used, tag = self.estimate(tags, depth)
+            outcomes.append((base_source(tag), self.rate(node_class(tag, tags), depth), used, accepted))
+        for source, raw, used, accepted in outcomes:
+            self.calibration.add(source, raw, accepted)
+            self.reliability.add(source, used, accepted)
+        self.counts.add(tree, path)
+        self._rates.clear()
+
+    def merge(self, other: DraftStats) -> None:
+        """Add ``other``'s counts and bins; its carried states update these, entry by entry."""
+        self.counts.merge(other.counts)
+        self.calibration.update(other.calibration), self.reliability.update(other.reliability)
+        for name, state in other.carried.items():
+            self.carried[name].update(state)
+        self._rates.clear()
+
     def learnt(self) -> DraftStats:
-        """The prior's counts plus these, as one prior for the next decode (no prior of its own)."""
+        """The prior plus these, as one prior for the next decode (no prior of its own)."""
         out = DraftStats()
         if self.prior is not None:
             out.merge(self.prior)
         out.merge(self)
         return out
-
-    def record(self, tree: DraftTree, path: Sequence[int]) -> None:
-        """Count a verified step: every node fed, those tried, those accepted, per tag and per node
-        class; and, per tried node, the raw and the corrected estimate it was fed under (before
-        this step's counts) against the outcome."""
-        on_path = set(path)
-        reached = on_path | {-1}
-        outcomes = []                                 # every estimate first, then the counts
-        for node, (tags, parent, depth) in enumerate(zip(tree.tags, tree.parents, tree.depths)):
-            if parent in reached:
-                used, tag = self.estimate(tags, depth)
-                outcomes.append((base_source(tag), self.rate(node_class(tag, tags), depth), used, node in on_path))
-        for source, raw, used, accepted in outcomes:
-            _calibrate(self.calibration, source, raw, accepted)
-            _calibrate(self.reliability_counts, source, used, accepted)
-        for node, (tags, parent, depth) in enumerate(zip(tree.tags, tree.parents, tree.depths)):
-            for tag in tags:
-                self.fed[tag, depth] += 1
-            if parent in reached:
-                for key in {*tags, *(node_class(tag, tags) for tag in tags)}:
-                    self.tried[key, depth] += 1
-                    self.accepted[key, depth] += node in on_path
-        self._rates.clear()
-
-    def merge(self, other: DraftStats) -> None:
-        self.fed.update(other.fed), self.tried.update(other.tried), self.accepted.update(other.accepted)
-        self.calibration.update(other.calibration), self.reliability_counts.update(other.reliability_counts)
-        self.successors.update(other.successors)
-        self._rates.clear()
-
-    def reliability(self, raw: bool = False) -> list[dict]:
-        """Rows (source, bin, tried, predicted = mean estimate, observed = accepted / tried) per
-        decile of the estimate the cut used (``raw``: of the class rates before recalibration): a
-        reliability diagram's points (:func:`reliability_table`)."""
-        return _reliability_rows(self.calibration if raw else self.reliability_counts)
-
-    def table(self, by_source: bool = True) -> list[dict]:
-        """Rows (source, depth, fed, tried, accepted, acceptance = accepted / tried) per source, or
-        per tag and node class (``by_source=False``, what ``from_table`` reads back)."""
-        rows: dict[tuple[str, int], Counter] = {}
-        for counter, name in ((self.fed, "fed"), (self.tried, "tried"), (self.accepted, "accepted")):
-            for (tag, depth), n in counter.items():
-                if by_source and "|" in tag:          # a node class: its nodes are its tag's too
-                    continue
-                key = (base_source(tag) if by_source else tag, depth)
-                rows.setdefault(key, Counter())[name] += n
-        return [{"source": s, "depth": d, "fed": c["fed"], "tried": c["tried"], "accepted": c["accepted"],
-                 "acceptance": c["accepted"] / c["tried"] if c["tried"] else None}
-                for (s, d), c in sorted(rows.items())]
-
-    @classmethod
-    def from_table(cls, rows: Sequence[dict], calibration: Sequence[Sequence] = ()) -> DraftStats:
-        """The counts of ``table(by_source=False)``'s rows and the ``calibration`` counter's items
-        as ``[source, bin, kind, value]`` (``calibration_items``), e.g. from a saved record."""
-        stats = cls()
-        for row in rows:
-            key = (row["source"], int(row["depth"]))
-            for name in ("fed", "tried", "accepted"):
-                if row[name]:
-                    getattr(stats, name)[key] = int(row[name])
-        for source, bin_, kind, value in calibration:
-            stats.calibration[source, int(bin_), kind] = value
-        return stats
-
-    def calibration_items(self) -> list[list]:
-        """The recalibration counter as JSON-able ``[source, bin, kind, value]`` rows."""
-        return [[source, bin_, kind, value] for (source, bin_, kind), value in sorted(self.calibration.items())]
-
-
-def node_class(tag: str, tags: Sequence[str]) -> str:
-    """A node's class as one of its tags sees it: the tag, ``|``, the other sources that proposed
-    the node (``alone`` if none).
-
-    >>> node_class("pool:h1", ("pool:h1",)), node_class("pool:h1", ("suffix:4:c1", "pool:h1", "recycle:p3"))
-    ('pool:h1|alone', 'pool:h1|recycle+suffix')
-    """
-    own = base_source(tag)
-    return f"{tag}|{'+'.join(sorted({base_source(t) for t in tags} - {own})) or 'alone'}"
 
 
 def _guess(tag: str, depth: int) -> float | None:
@@ -465,41 +526,6 @@ def _guess(tag: str, depth: int) -> float | None:
     (:func:`tag_guess`), else a coin flip at depth 1; ``None`` deeper (the level above is used)."""
     guess = tag_guess(tag)
     return guess if guess is not None else (0.5 if depth <= 1 else None)
-
-
-def _bin(predicted: float) -> int:
-    return min(int(predicted * 10), 9)
-
-
-def _calibrate(counter: Counter, source: str, predicted: float, accepted: bool) -> None:
-    bin_ = _bin(predicted)
-    counter[source, bin_, "tried"] += 1
-    counter[source, bin_, "accepted"] += bool(accepted)
-    counter[source, bin_, "predicted"] += predicted
-
-
-def _reliability_rows(counter: Counter) -> list[dict]:
-    keys = sorted({(source, bin_) for source, bin_, _ in counter})
-    return [{"source": source, "bin": bin_, "tried": counter[source, bin_, "tried"],
-             "predicted": counter[source, bin_, "predicted"] / counter[source, bin_, "tried"],
-             "observed": counter[source, bin_, "accepted"] / counter[source, bin_, "tried"]}
-            for source, bin_ in keys if counter[source, bin_, "tried"]]
-
-
-def reliability_table(outcomes: Sequence[tuple[str, float, bool]]) -> list[dict]:
-    """Predicted against observed acceptance, binned by decile of the prediction, per source, from
-    (source, predicted acceptance, accepted) per tried node: well-calibrated estimates put every
-    bin's observed rate near its mean prediction.
-
-    >>> reliability_table([("recycle", 0.82, True), ("recycle", 0.88, False), ("suffix", 0.31, False)])
-    ... # doctest: +NORMALIZE_WHITESPACE
-    [{'source': 'recycle', 'bin': 8, 'tried': 2, 'predicted': 0.85, 'observed': 0.5},
-     {'source': 'suffix', 'bin': 3, 'tried': 1, 'predicted': 0.31, 'observed': 0.0}]
-    """
-    counter: Counter = Counter()
-    for source, predicted, accepted in outcomes:
-        _calibrate(counter, source, predicted, accepted)
-    return _reliability_rows(counter)
 
 
 class Proposer:
@@ -514,9 +540,10 @@ class Proposer:
         self.recycle_window = recycle_window          # the step keeps every window row's logits
         self.stats = stats if stats is not None else DraftStats()
         self.topk = max((s.topk for s in self.sources), default=0)
-        for source in self.sources:                   # sources that learn across decodes
-            if hasattr(source, "remember"):
-                source.remember(self.stats)
+        earlier = self.stats.prior.carried if self.stats.prior is not None else {}
+        for source in self.sources:                   # sources that keep what they learn across decodes
+            if hasattr(source, "carry"):
+                self.stats.carried[source.name] = source.carry(earlier.get(source.name, {}))
 
     @classmethod
     def from_config(cls, config: LookaheadConfig, context: Sequence[int], pool: NGramPool,

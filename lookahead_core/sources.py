@@ -1,7 +1,8 @@
 """The registry of draft sources: registering a source class makes every part of the project know it.
 
 A draft source is one class with the interface of :class:`lookahead_core.drafts.DraftSource`
-(``propose(context) -> drafts``, ``update(outcome)``, ``topk``) and a classmethod
+(``propose(context) -> drafts``, ``update(outcome)``, ``topk``; ``name`` and ``carry(earlier)`` if
+it keeps state across decodes, as Token Recycling's table travels in the prior) and a classmethod
 ``from_config(config, size, context)`` that builds it for one decode. Registering it
 (:func:`register_source`) is all it takes for
 

@@ -199,7 +199,7 @@ def test_a_batch_starts_from_the_prior_as_decode_does(llama):
     learnt = DraftStats()
     for tag in (f"suffix:{b}:c{c}" for b in (1, 2, 3, 4, 8, 16, 32) for c in (1, 2, 3)):
         for depth in range(1, 17):
-            learnt.tried[tag, depth], learnt.accepted[tag, depth] = 50, 45
+            learnt.counts.tried[tag, depth], learnt.counts.accepted[tag, depth] = 50, 45
     prompts = prompts_for(llama.config.vocab_size, lengths=(14, 37))
     prompts = [p * 3 for p in prompts]                      # copies for the suffix drafts to find
     limits = DecodeLimits(max_new_tokens=NEW)
@@ -213,7 +213,7 @@ def test_a_batch_starts_from_the_prior_as_decode_does(llama):
 
 
 def test_recycled_successors_carry_to_the_next_decode_and_batch_without_being_written_back(llama):
-    """Token Recycling's table outlasts a decode through ``DraftStats.successors``: a decode from
+    """Token Recycling's table outlasts a decode through ``DraftStats.carried``: a decode from
     the learnt prior drafts recycled successors from its first step (a cold one has none to draft),
     ``decode_batch`` starts every row from the same table, every output equals greedy, and the
     prior's table is read, never written (repeats from one prior start alike)."""
@@ -226,8 +226,8 @@ def test_recycled_successors_carry_to_the_next_decode_and_batch_without_being_wr
     prompts = prompts_for(llama.config.vocab_size, lengths=(14, 37))
     first = decode(llama, prompts[0], config, limits)
     learnt = first.stats.drafts.learnt()
-    assert learnt.successors and learnt.successors == first.stats.drafts.successors
-    before = copy.deepcopy(learnt.successors)
+    assert learnt.carried["recycle"] and learnt.carried["recycle"] == first.stats.drafts.carried["recycle"]
+    before = copy.deepcopy(learnt.carried["recycle"])
     cold = decode(llama, prompts[0], config, limits)
     warm = decode(llama, prompts[0], config, limits, state=DecodeState(None, [], drafts=learnt))
     batch = decode_batch(llama, prompts, config, limits, prior=learnt)
@@ -235,5 +235,5 @@ def test_recycled_successors_carry_to_the_next_decode_and_batch_without_being_wr
     assert batch[1].tokens == generate_alone(llama, prompts[1])
     assert cold.stats.step_tokens[0] == 1 < warm.stats.step_tokens[0] == batch[0].stats.step_tokens[0]
     assert warm.stats.accepted[0] > 1                   # the table's top successors are greedy's own
-    assert learnt.successors == before                  # read, never written
-    assert warm.stats.drafts.learnt().successors.keys() >= before.keys()
+    assert learnt.carried["recycle"] == before       # read, never written
+    assert warm.stats.drafts.learnt().carried["recycle"].keys() >= before.keys()

@@ -103,7 +103,7 @@ def test_the_key_of_a_loaded_model_names_its_dtype_chip_threads_and_bucket() -> 
 
 def test_acceptance_is_stored_per_model_dataset_and_mode(tmp_path: Path) -> None:
     stats = DraftStats()
-    stats.fed["suffix:4", 1], stats.tried["suffix:4", 1], stats.accepted["suffix:4", 1] = 9, 8, 6
+    stats.counts.fed["suffix:4", 1], stats.counts.tried["suffix:4", 1], stats.counts.accepted["suffix:4", 1] = 9, 8, 6
     stats.calibration["recycle", 4, "predicted"], stats.calibration["recycle", 4, "accepted"] = 30.0, 10
     store = autotune.AcceptanceStore(tmp_path, "smollm2_135m", "humaneval", "greedy")
     assert store.load() is None
@@ -112,7 +112,8 @@ def test_acceptance_is_stored_per_model_dataset_and_mode(tmp_path: Path) -> None
     beside.add(stats)
     again = autotune.AcceptanceStore(tmp_path, "smollm2_135m", "humaneval", "greedy")
     total = again.load()
-    assert total.tried == stats.tried + stats.tried and total.accepted["suffix:4", 1] == 12 and again.decodes == 4
+    assert total.counts.tried == stats.counts.tried + stats.counts.tried and total.counts.accepted["suffix:4", 1] == 12 \
+        and again.decodes == 4
     assert total.corrected("recycle", 0.45) == pytest.approx(0.45 * (20 + 5) / (60 + 5))   # the recalibration kept
     for other in (("smollm2_135m", "mbpp", "greedy"), ("qwen25_coder_05b", "humaneval", "greedy"),
                   ("smollm2_135m", "humaneval", autotune.sampling_mode(_sampling(0.7)))):

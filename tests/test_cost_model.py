@@ -245,9 +245,9 @@ def test_cost_aware_calibration_surveys_acceptance_first_and_cuts_every_tree_by_
     surveys = [c for c in calls if c[0] is not None and not c[0].step_costs]
     assert [config_label(c[0]) for c in surveys] == ["pool_N4G2_tree_sfx2_rc2_d12_k13"] * len(prompts)
     assert all(prior is None for _, prior, _ in surveys)                  # the survey itself starts cold
-    assert report.drafts.tried == sum((s[2].tried for s in surveys), Counter())
+    assert report.drafts.counts.tried == sum((s[2].counts.tried for s in surveys), Counter())
     assert [c.status for c in report.candidates if c.drafts is report.drafts] == ["survey"]
-    assert sum(report.drafts.tried.values()) > 0
+    assert sum(report.drafts.counts.tried.values()) > 0
     aware = [c for c in calls if c[0] is not None and c[0].step_costs]
     assert len(aware) == 2 * len(prompts) and all(prior == report.drafts for _, prior, _ in aware)
     assert calls.index(surveys[-1]) < calls.index(aware[0])

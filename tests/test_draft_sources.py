@@ -99,10 +99,10 @@ def test_a_registered_source_decodes_losslessly_and_is_measured(toy, arch_model)
         out = decode(model, prompt, config, limits)
         assert out.tokens == reference, f"{arch} {config_label(config)}"
         assert LastSeen.built == built + 1, "the proposer did not build the registered source"
-        fed = {depth: n for (tag, depth), n in out.stats.drafts.fed.items() if tag == "toy"}
+        fed = {depth: n for (tag, depth), n in out.stats.drafts.counts.fed.items() if tag == "toy"}
         assert fed, f"{arch} {config_label(config)}: no toy draft was fed"
         assert max(fed) <= config.draft_depth
-        accepted += sum(n for (tag, _), n in out.stats.drafts.accepted.items() if tag == "toy")
+        accepted += sum(n for (tag, _), n in out.stats.drafts.counts.accepted.items() if tag == "toy")
     assert accepted > 0, "no toy draft was ever accepted: the test is too weak"
 
 
@@ -207,7 +207,7 @@ def test_the_documented_example_registers_and_decodes_losslessly() -> None:
         assert config_label(namespace["config"]) == "la_N4W5G5_tree_bg2"
         out = namespace["out"]
         assert out.tokens == decode(model, prompt_ids, None, DecodeLimits(max_new_tokens=128)).tokens
-        assert any(tag == "bigram" for tag, _ in out.stats.drafts.fed)
+        assert any(tag == "bigram" for tag, _ in out.stats.drafts.counts.fed)
     finally:
         unregister_source("bigram")
 

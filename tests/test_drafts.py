@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from lookahead_core.drafts import (
-    MATCH_CAP, RECALIBRATION_TRIES, DraftStats, NGramSource, Proposer, RecycleSource, StepOutcome, SuffixSource, best_size,
-    match_length,
+    MATCH_CAP, RECALIBRATION_TRIES, Bins, Counts, DraftStats, NGramSource, Proposer, RecycleSource, StepOutcome,
+    SuffixSource, best_size, match_length,
 )
 from lookahead_core.layout import Draft, build_tree
 from lookahead_core.pool import NGramPool
@@ -75,7 +75,7 @@ def test_recycle_keeps_the_latest_top_k_and_grows_a_halving_tree_tagged_by_proba
 
 def test_recycled_successors_start_from_the_priors_table_and_hand_both_on():
     prior = DraftStats()
-    prior.successors.update({1: [(2, 9)], 2: [(3, 8)]})
+    prior.carried["recycle"].update({1: [(2, 9)], 2: [(3, 8)]})
     source = RecycleSource(k=2, depth=3)
     stats = DraftStats(prior=prior)
     Proposer([source], merge=True, stats=stats)                          # the proposer hands it the stats
@@ -83,8 +83,8 @@ def test_recycled_successors_start_from_the_priors_table_and_hand_both_on():
     source.update(StepOutcome([1], 0, 1, row_tokens=[2], row_topk=torch.tensor([[5, 6]]),
                               row_topk_probs=torch.tensor([[0.5, 0.3]])))
     assert [d.tokens for d in source.propose([0, 1])] == [(2, 5)]        # this decode's own row wins
-    assert prior.successors == {1: [(2, 9)], 2: [(3, 8)]}                # the prior is never written
-    assert stats.learnt().successors == {1: [(2, 9)], 2: [(5, 5), (6, 3)]}
+    assert prior.carried["recycle"] == {1: [(2, 9)], 2: [(3, 8)]}                # the prior is never written
+    assert stats.learnt().carried["recycle"] == {1: [(2, 9)], 2: [(5, 5), (6, 3)]}
     cold = RecycleSource(k=2, depth=3)
     Proposer([cold], merge=True)
     assert cold.propose([0, 1]) == []
@@ -120,7 +120,7 @@ def test_a_node_other_sources_also_propose_is_its_own_class():
         stats.record(tree, path)
     assert build_tree([Draft((1,), ("pool:h1",)), Draft((1,), ("suffix:1:c1",))]).tags[0] == ("pool:h1", "suffix:1:c1")
     assert node_class("pool:h1", ("pool:h1",)) == "pool:h1|alone"
-    assert stats.tried["pool:h1", 1] == 40 and stats.accepted["pool:h1", 1] == 20
+    assert stats.counts.tried["pool:h1", 1] == 40 and stats.counts.accepted["pool:h1", 1] == 20
     assert stats.rate("pool:h1", 1) == pytest.approx((20 + 2 * 0.5) / 42)
     assert stats.rate("pool:h1|alone", 1) == pytest.approx((0 + 2 * stats.rate("pool:h1", 1)) / 22)
     assert stats.rate("pool:h1|suffix", 1) == pytest.approx((20 + 2 * stats.rate("pool:h1", 1)) / 22)
@@ -128,9 +128,10 @@ def test_a_node_other_sources_also_propose_is_its_own_class():
     agreed, _ = stats.estimate(("pool:h1", "suffix:1:c1"), 1)
     assert alone < 0.1 < 0.9 < agreed
     # The per-source table counts every node once under its tags, never again under its classes.
-    assert {(r["source"], r["tried"]) for r in stats.table()} == {("pool", 40), ("suffix", 20)}
-    saved = DraftStats.from_table(stats.table(by_source=False), stats.calibration_items())
-    assert saved.tried == stats.tried and saved.calibration == stats.calibration
+    assert {(r["source"], r["tried"]) for r in stats.counts.table()} == {("pool", 40), ("suffix", 20)}
+    saved = DraftStats(Counts.from_table(stats.counts.table(by_source=False)),
+                       Bins.from_list(stats.calibration.to_list()))
+    assert saved.counts.tried == stats.counts.tried and saved.calibration == stats.calibration
     assert saved.estimate(("pool:h1",), 1) == pytest.approx(stats.estimate(("pool:h1",), 1))
 
 
@@ -174,11 +175,11 @@ def test_reliability_bins_each_tried_node_by_the_estimate_it_was_fed_under():
                                           # node 2 (suffix, unseen: 0.5) rejected
     first = [{"source": "recycle", "bin": 8, "tried": 2, "predicted": 0.85, "observed": 1.0},
              {"source": "suffix", "bin": 5, "tried": 1, "predicted": 0.5, "observed": 0.0}]
-    assert stats.reliability() == stats.reliability(raw=True) == first   # nothing to recalibrate by yet
+    assert stats.reliability.rows() == stats.calibration.rows() == first   # nothing to recalibrate by yet
     stats.record(tree, [])                # now node 0's class has 1 of 1: raw (1 + 2 * r) / 3, r its tag's
     tag_rate = (1 + 2 * 0.85) / 3
     raw = (1 + 2 * tag_rate) / 3          # 0.93: bin 9, which no node has reached, so used = raw
-    rows = {(r["source"], r["bin"]): r for r in stats.reliability()}
+    rows = {(r["source"], r["bin"]): r for r in stats.reliability.rows()}
     assert rows["recycle", 9] == {"source": "recycle", "bin": 9, "tried": 1, "predicted": pytest.approx(raw),
                                   "observed": 0.0}
     suffix_raw = (0 + 2 * ((0 + 2 * 0.5) / 3)) / 3                       # its class and its tag: 0 of 1
@@ -190,7 +191,7 @@ def test_reliability_bins_each_tried_node_by_the_estimate_it_was_fed_under():
         raw * RECALIBRATION_TRIES / (10 + RECALIBRATION_TRIES))
     merged = DraftStats()
     merged.merge(stats), merged.merge(stats)
-    assert sum(r["tried"] for r in merged.reliability()) == 2 * sum(r["tried"] for r in stats.reliability())
+    assert sum(r["tried"] for r in merged.reliability.rows()) == 2 * sum(r["tried"] for r in stats.reliability.rows())
     assert reliability_table([("recycle", 0.82, True), ("recycle", 0.88, False), ("suffix", 0.31, False)]) == [
         {"source": "recycle", "bin": 8, "tried": 2, "predicted": pytest.approx(0.85), "observed": 0.5},
         {"source": "suffix", "bin": 3, "tried": 1, "predicted": 0.31, "observed": 0.0}]
@@ -201,15 +202,16 @@ def test_stats_count_fed_tried_and_accepted_per_tag_and_depth():
     # nodes: 0:1 (a, b)  1:2 (a)  2:3 (a)  3:4 (b)  4:5 (b)
     stats = DraftStats()
     stats.record(tree, [0, 1])          # accepted 1, 2; node 2 tried and rejected; node 3 tried, rejected
-    assert stats.fed == {("a", 1): 1, ("b", 1): 2, ("a", 2): 1, ("a", 3): 1, ("b", 2): 1}
-    tags = {key: n for key, n in stats.tried.items() if "|" not in key[0]}     # per tag; per node class below
+    assert stats.counts.fed == {("a", 1): 1, ("b", 1): 2, ("a", 2): 1, ("a", 3): 1, ("b", 2): 1}
+    tags = {key: n for key, n in stats.counts.tried.items() if "|" not in key[0]}     # per tag; per node class below
     assert tags == {("a", 1): 1, ("b", 1): 2, ("a", 2): 1, ("a", 3): 1, ("b", 2): 1}
-    assert {key: n for key, n in stats.accepted.items() if "|" not in key[0] and n} == {("a", 1): 1, ("b", 1): 1, ("a", 2): 1}
-    assert {key: n for key, n in stats.tried.items() if "|" in key[0]} == {
+    assert {key: n for key, n in stats.counts.accepted.items() if "|" not in key[0] and n} == {
+        ("a", 1): 1, ("b", 1): 1, ("a", 2): 1}
+    assert {key: n for key, n in stats.counts.tried.items() if "|" in key[0]} == {
         ("a|b", 1): 1, ("b|a", 1): 1, ("b|alone", 1): 1, ("a|alone", 2): 1, ("a|alone", 3): 1, ("b|alone", 2): 1}
     stats.record(tree, [])              # nothing accepted: only the depth-1 nodes were tried
-    assert stats.tried[("a", 2)] == 1 and stats.tried[("a", 1)] == 2
-    rows = {(r["source"], r["depth"]): r for r in stats.table()}
+    assert stats.counts.tried[("a", 2)] == 1 and stats.counts.tried[("a", 1)] == 2
+    rows = {(r["source"], r["depth"]): r for r in stats.counts.table()}
     assert rows[("b", 1)]["acceptance"] == 1 / 4 and rows[("a", 3)]["acceptance"] == 0.0
 
 
@@ -249,8 +251,9 @@ def test_a_learnt_prior_takes_over_where_it_has_tried_and_the_guesses_elsewhere(
     stats.record(build_tree([Draft((4,), ("suffix:8",))]), [])          # this decode's own tries count on top
     assert stats.rate("suffix:8", 1) == (0 + 2 * learnt.rate("suffix:8", 1)) / (1 + 2)
     both = stats.learnt()                                               # the next decode's prior
-    assert both.tried[("suffix:8", 1)] == 19 + 1 and both.accepted[("suffix:8", 3)] == 18 and both.prior is None
-    assert DraftStats.from_table(both.table(by_source=False)) == both   # a record's round trip
+    assert both.counts.tried[("suffix:8", 1)] == 19 + 1 and both.counts.accepted[("suffix:8", 3)] == 18 \
+        and both.prior is None
+    assert DraftStats(Counts.from_table(both.counts.table(by_source=False))) == both   # a record's round trip
 
 
 def test_a_learnt_prior_lets_a_cost_aware_step_feed_a_copy_its_guesses_undervalue():
@@ -265,7 +268,7 @@ def test_a_learnt_prior_lets_a_cost_aware_step_feed_a_copy_its_guesses_undervalu
     assert len(cold.propose(context, window_rows=1)) == 0
     learnt = DraftStats()
     for tries, accepted, depth in ((100, 41, 1), (41, 34, 2), (34, 31, 3)) + tuple((31, 30, d) for d in range(4, 17)):
-        learnt.tried["suffix:1:c1", depth], learnt.accepted["suffix:1:c1", depth] = tries, accepted
+        learnt.counts.tried["suffix:1:c1", depth], learnt.counts.accepted["suffix:1:c1", depth] = tries, accepted
     warm = Proposer([SuffixSource(1, 16, context)], merge=True, budget=17, step_costs=costs,
                     stats=DraftStats(prior=learnt))
     assert warm.propose(context, window_rows=1).tokens == tuple(context[1:17])

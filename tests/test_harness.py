@@ -225,6 +225,7 @@ def test_auto_learns_acceptance_online_and_a_second_job_reuses_curve_pick_and_ac
     import lookahead_core
     from experiments.decoders import autotune
     from lookahead_core import DraftStats
+    from lookahead_core.drafts import Counts
     from lookahead_core import cost as cost_model
 
     real = lookahead_core.decode
@@ -233,8 +234,8 @@ def test_auto_learns_acceptance_online_and_a_second_job_reuses_curve_pick_and_ac
     def spy(model, ids, config=None, limits=None, sampling=None, *, state=None, **kwargs):
         out = real(model, ids, config, limits, sampling, state=state, **kwargs)
         if config is not None and config.step_costs:
-            priors.append((bool(state.cached_tokens), limits.max_new_tokens, DraftStats.from_table(
-                state.drafts.table(by_source=False)), out.stats.drafts))
+            priors.append((bool(state.cached_tokens), limits.max_new_tokens, DraftStats(Counts.from_table(
+                state.drafts.counts.table(by_source=False))), out.stats.drafts))
         return out
 
     monkeypatch.setattr(lookahead_core, "decode", spy)
@@ -253,18 +254,20 @@ def test_auto_learns_acceptance_online_and_a_second_job_reuses_curve_pick_and_ac
                  "decoding=auto", "decoding.protocol=grid", "decoding.calibration_items=1", "decoding.calibration_tokens=8"]
     path = run(tmp_path, *overrides, base=TINY_MODEL)
     record = json.loads(path.with_suffix(".auto.json").read_text())
-    prior = DraftStats.from_table(record["draft_prior"])
+    prior = DraftStats(Counts.from_table(record["draft_prior"]))
     assert record["draft_prior_source"] == "survey" and chosen == [None]
-    assert sum(prior.tried.values()) > 0 and record["chosen_config"]["step_costs"]
+    assert sum(prior.counts.tried.values()) > 0 and record["chosen_config"]["step_costs"]
     assert not record["latency_provenance"]["reused"] and record["latency_provenance"]["load_average"]
     evaluated = [p for p in priors if p[1] == 12]                 # the warm-up decodes fewer tokens
     assert [later for later, *_ in evaluated] == [False, True, False, True]
     (_, _, first, turn1), (_, _, second, turn2), (_, _, third, turn3), (_, _, _, turn4) = evaluated
     assert first == prior                                        # the calibration's survey
-    assert second.tried == prior.tried + turn1.tried             # the first turn's state
-    assert third.tried == prior.tried + turn1.tried + turn2.tried   # online: both of item 1's turns
+    assert second.counts.tried == prior.counts.tried + turn1.counts.tried        # the first turn's state
+    # online: both of item 1's turns
+    assert third.counts.tried == prior.counts.tried + turn1.counts.tried + turn2.counts.tried
     store = autotune.AcceptanceStore(calibration_cache, "tiny_llama", "mtbench", "greedy")
-    assert store.load().tried == third.tried + turn3.tried + turn4.tried and store.decodes == 1 + 4   # survey + turns
+    assert store.load().counts.tried == third.counts.tried + turn3.counts.tried + turn4.counts.tried \
+        and store.decodes == 1 + 4   # survey + turns
 
     priors.clear()                                               # resumed: the record, not a new pick
     assert run(tmp_path, *overrides[:1], "dataset.limit=3", *overrides[2:], base=TINY_MODEL) == path
@@ -279,7 +282,8 @@ def test_auto_learns_acceptance_online_and_a_second_job_reuses_curve_pick_and_ac
     assert "job_calibration_seconds" in reused and "job_calibration_seconds" in record   # each job's own
     assert reused["chosen"] == record["chosen"]
     stored = store.load()
-    assert [p[2].tried for p in priors if p[1] == 12][0] == stored.tried - priors[-1][3].tried - priors[-2][3].tried
+    assert [p[2].counts.tried for p in priors if p[1] == 12][0] == \
+        stored.counts.tried - priors[-1][3].counts.tried - priors[-2][3].counts.tried
 
 
 def test_the_default_auto_calibrates_nothing_and_decodes_the_widest_cost_aware_tree(

@@ -97,21 +97,21 @@ def test_trees_cut_by_a_learnt_prior_equal_greedy_and_hand_it_on(arch_model):
     limits = DecodeLimits(max_new_tokens=NEW)
     survey = decode(model, prompt[:12], TREE_GRID[1], limits)            # any decode's measured acceptance
     measured = survey.state.drafts
-    assert measured == survey.stats.drafts and sum(measured.tried.values()) > 0
+    assert measured == survey.stats.drafts and sum(measured.counts.tried.values()) > 0
     tags = ([f"suffix:{b}:c{c}" for b in (1, 2, 3, 4, 8, 16, 32) for c in (1, 2, 3)]
             + [f"{origin}:h{h}" for origin in ("pool", "jacobi") for h in (1, 2, 3)]
             + [f"recycle:p{decile}" for decile in range(10)])
     keys = {(tag, d) for tag in tags for d in range(1, 11)}
     optimist, pessimist = DraftStats(), DraftStats()
     for key in keys:
-        optimist.tried[key] = optimist.accepted[key] = pessimist.tried[key] = 50
-        pessimist.accepted[key] = 0
+        optimist.counts.tried[key] = optimist.counts.accepted[key] = pessimist.counts.tried[key] = 50
+        pessimist.counts.accepted[key] = 0
     fed = {}
     for name, prior in (("measured", measured), ("optimist", optimist), ("pessimist", pessimist)):
         for config in TREE_GRID[-2:] + TREE_GRID[8:10]:                   # cost-aware and budget-cut trees
             out = decode(model, prompt, config, limits, state=DecodeState(None, [], drafts=prior))
             assert out.tokens == reference, f"{arch} {name} {config}"
-            assert out.state.drafts.tried == prior.tried + out.stats.drafts.tried
+            assert out.state.drafts.counts.tried == prior.counts.tried + out.stats.drafts.counts.tried
             fed[name, config] = sum(out.stats.step_tokens)
     aware = TREE_GRID[-2]
     assert fed["optimist", aware] > fed["pessimist", aware], "the prior never changed what a step fed"
@@ -211,7 +211,7 @@ def test_suffix_source_accepts_whole_drafts_on_a_loop(llama):
         config = LookaheadConfig(ngram=2, guess=0, pool_only=True, tree=tree, suffix=2, depth=7)
         out = decode(llama, prompt, config, DecodeLimits(max_new_tokens=64))
         assert out.tokens == reference and out.stats.accepted[-3:-1] == [8, 8]
-        assert out.stats.drafts.table()[0]["source"] == "suffix"
+        assert out.stats.drafts.counts.table()[0]["source"] == "suffix"
 
 
 def test_none_accept_has_compression_one(llama):
@@ -239,7 +239,7 @@ def test_none_accept_has_compression_one(llama):
                      DecodeLimits(max_new_tokens=NEW), state=DecodeState.with_pool(pool))
         assert out.tokens == reference
         assert out.stats.compression == 1.0 and max(out.stats.step_tokens) > 1   # candidates were fed, none taken
-        assert sum(out.stats.drafts.accepted.values()) == 0 and sum(out.stats.drafts.tried.values()) > 0
+        assert sum(out.stats.drafts.counts.accepted.values()) == 0 and sum(out.stats.drafts.counts.tried.values()) > 0
 
 
 def test_eos_and_max_tokens_inside_an_accepted_run(llama):

@@ -55,7 +55,7 @@ def test_medusa_trees_equal_greedy_on_the_tiny_families(family):
             reference = decode(reference_lm, prompt, None, DecodeLimits(max_new_tokens=NEW)).tokens
             out = decode(lm, prompt, config, DecodeLimits(max_new_tokens=NEW))
             assert out.tokens == reference, (family, seed, config)
-            table = {(r["source"], r["depth"]): r for r in out.stats.drafts.table()}
+            table = {(r["source"], r["depth"]): r for r in out.stats.drafts.counts.table()}
             assert table[("medusa", 1)]["fed"] > 0, "the heads proposed nothing"
             accepted += sum(r["accepted"] for (s, _), r in table.items() if s == "medusa")
     assert accepted > 0, "no Medusa draft was ever accepted: the comparison had no teeth"

@@ -37,7 +37,7 @@ from tqdm import tqdm
 from lookahead_core import cost as cm
 from lookahead_core import decode
 from lookahead_core.config import DecodeLimits, LookaheadConfig, SamplingConfig, config_fields, config_label
-from lookahead_core.drafts import DraftStats
+from lookahead_core.drafts import Bins, Counts, DraftStats
 
 CACHE_FORMAT = 1           # bump when what a cached file means changes (its tags, its fields)
 CURVE_FORMAT = 3           # a cached latency curve's; 2: the loop's host time per greedy step; 3: sizes 5, 7, 13
@@ -102,7 +102,7 @@ def calibrate(
         "latency": report.cost_model.to_rows(),
         "candidates": report.rows(),
         # The acceptance per (tag, depth) the cost-aware decodes started from, and where it came from.
-        "draft_prior": None if report.drafts is None else report.drafts.table(by_source=False),
+        "draft_prior": None if report.drafts is None else report.drafts.counts.table(by_source=False),
         "draft_prior_source": "stored" if prior is not None else ("survey" if report.drafts is not None else None),
         "markdown": "#### decoding=auto / cost model calibration\n\n" + report.to_markdown()
                     + "\n\nForward latency t(k)/t(1) on this device: "
@@ -253,7 +253,7 @@ def chosen_config(record: dict, seed: int = 0) -> LookaheadConfig | None:
 def draft_prior(record: dict) -> DraftStats | None:
     """The acceptance the calibration's survey measured (``None``: no survey, or an older record)."""
     rows = record.get("draft_prior")
-    return None if rows is None else DraftStats.from_table(rows)
+    return None if rows is None else DraftStats(Counts.from_table(rows))
 
 
 def chosen_label(record: dict) -> str:
@@ -429,7 +429,7 @@ class AcceptanceStore:
         if stored.get("format") != CACHE_FORMAT or stored.get("key") != self.key:
             return None
         self.decodes = int(stored.get("decodes", 0))
-        return DraftStats.from_table(stored["table"], stored.get("calibration", ()))
+        return DraftStats(Counts.from_table(stored["table"]), Bins.from_list(stored.get("calibration", ())))
 
     def add(self, stats: DraftStats, decodes: int = 1) -> None:
         """Add ``stats``' own counts (``decodes`` decodes' worth) to what is stored now: several
@@ -438,7 +438,7 @@ class AcceptanceStore:
         total.merge(stats)
         self.decodes += decodes
         write_json(self.path, {"format": CACHE_FORMAT, "key": self.key, "updated_at": _now(), "decodes": self.decodes,
-                               "table": total.table(by_source=False), "calibration": total.calibration_items()})
+                               "table": total.counts.table(by_source=False), "calibration": total.calibration.to_list()})
 
 
 def pick_key(curve: CurveKey, dataset: str, items: Sequence[str], tokens: int, mode: str,

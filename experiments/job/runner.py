@@ -544,9 +544,10 @@ def make_row(job: Job, item: Item, turn: int, decoder: Decoder, timed: Timed, te
             step_tokens_hist=json.dumps(dict(sorted(Counter(stats.step_tokens).items()))),
             # every step in order, what the cost model replays (cost_model.predict_batch)
             step_log=json.dumps({"fed": stats.step_tokens, "accepted": stats.accepted}),
-            draft_acceptance=json.dumps(stats.drafts.table()),   # per draft source and depth: fed, tried, accepted
+            # per draft source and depth: fed, tried, accepted
+            draft_acceptance=json.dumps(stats.drafts.counts.table()),
             # per source and decile of the estimate each tried node was fed under: predicted vs observed
-            draft_reliability=json.dumps(stats.drafts.reliability()),
+            draft_reliability=json.dumps(stats.drafts.reliability.rows()),
         )
     return row
 

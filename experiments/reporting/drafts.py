@@ -1,6 +1,7 @@
 """Draft tables from result rows: acceptance per source and depth, and the reliability diagram of
-the estimates the token tree's cuts were made with (``DraftStats.table`` and ``.reliability``, as
-the rows' ``draft_acceptance`` and ``draft_reliability`` JSON columns)."""
+the estimates the token tree's cuts were made with (``DraftStats.counts.table()`` and
+``DraftStats.reliability.rows()``, as the rows' ``draft_acceptance`` and ``draft_reliability``
+JSON columns)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ def _summed(df: pd.DataFrame, column: str, key: str, counts) -> dict[tuple[str, 
 def draft_acceptance(df: pd.DataFrame) -> pd.DataFrame:
     """Per core decoder, draft source and depth: nodes fed, tried (the walk reached their parent)
     and accepted, summed over prompts, and acceptance = accepted / tried (the rows'
-    ``draft_acceptance``: ``DraftStats.table()`` as JSON)."""
+    ``draft_acceptance``: ``DraftStats.counts.table()`` as JSON)."""
     totals = _summed(df, "draft_acceptance", "depth", lambda r: {k: r[k] for k in ("fed", "tried", "accepted")})
     return pd.DataFrame([{"decoder": d, "source": s, "depth": k, **c,
                           "acceptance": c["accepted"] / c["tried"] if c["tried"] else None}
@@ -35,7 +36,7 @@ def draft_acceptance(df: pd.DataFrame) -> pd.DataFrame:
 def draft_reliability(df: pd.DataFrame) -> pd.DataFrame:
     """Per core decoder, draft source and decile of the estimate a tried node was fed under: nodes
     tried, their mean estimate (predicted) and the share accepted (observed), summed over prompts
-    (the rows' ``draft_reliability``: ``DraftStats.reliability()`` as JSON)."""
+    (the rows' ``draft_reliability``: ``DraftStats.reliability.rows()`` as JSON)."""
     totals = _summed(df, "draft_reliability", "bin", lambda r: {
         "tried": r["tried"], "predicted": r["predicted"] * r["tried"], "accepted": r["observed"] * r["tried"]})
     return pd.DataFrame([{"decoder": d, "source": s, "bin": b, "tried": c["tried"],
