@@ -414,6 +414,16 @@ def check_attention(run: Run, key: str, model, heads, plan: Plan, attention: str
     rows = [{"family": key, "attention": attention, "decoder": "greedy", "config": "greedy", "sequences": len(prompts),
              "equal": None, "near_tie": None, "mismatch": None, "errors": 0, "steps": base_steps,
              "greedy_steps": base_steps, "max_margin": None}]
+
+    def record(name: str, config, sequences: int, verdicts: Counter, margins: list, errors: list, steps: int,
+               greedy_steps: int | None) -> None:
+        rows.append({"family": key, "attention": attention, "decoder": name, "config": config_label(config),
+                     "sequences": sequences, "equal": verdicts["equal"], "near_tie": verdicts["near_tie"],
+                     "mismatch": verdicts["mismatch"], "errors": len(errors), "steps": steps,
+                     "greedy_steps": greedy_steps, "max_margin": max(margins, default=None)})
+        if errors:
+            run.failures.append(f"{label} {name}: {errors[0]}")
+
     for name, config in CHECKS.items():
         verdicts, margins, steps, errors = Counter(), [], 0, []
         for prompt, base in zip(prompts, greedy):
@@ -428,12 +438,7 @@ def check_attention(run: Run, key: str, model, heads, plan: Plan, attention: str
             verdicts[verdict] += 1
             if margin is not None:
                 margins.append(margin)
-        rows.append({"family": key, "attention": attention, "decoder": name, "config": config_label(config),
-                     "sequences": len(prompts), "equal": verdicts["equal"], "near_tie": verdicts["near_tie"],
-                     "mismatch": verdicts["mismatch"], "errors": len(errors), "steps": steps,
-                     "greedy_steps": base_steps, "max_margin": max(margins, default=None)})
-        if errors:
-            run.failures.append(f"{label} {name}: {errors[0]}")
+        record(name, config, len(prompts), verdicts, margins, errors, steps, base_steps)
         if name == "pool_used" and not errors and steps >= base_steps:
             run.failures.append(f"{label} pool_used: {steps} steps, greedy {base_steps}: the pre-filled pool was not used")
     # decode_batch: ragged prompts, each sequence against its own greedy decode
@@ -452,12 +457,7 @@ def check_attention(run: Run, key: str, model, heads, plan: Plan, attention: str
         except Exception as error:  # noqa: BLE001
             errors.append(f"{type(error).__name__}: {error}")
             verdicts["error"] += len(ragged)
-        rows.append({"family": key, "attention": attention, "decoder": name, "config": config_label(config),
-                     "sequences": len(ragged), "equal": verdicts["equal"], "near_tie": verdicts["near_tie"],
-                     "mismatch": verdicts["mismatch"], "errors": len(errors), "steps": steps,
-                     "greedy_steps": None, "max_margin": max(margins, default=None)})
-        if errors:
-            run.failures.append(f"{label} {name}: {errors[0]}")
+        record(name, config, len(ragged), verdicts, margins, errors, steps, None)
     for row in rows:
         if row["mismatch"]:
             run.failures.append(f"{label} {row['decoder']}: {row['mismatch']} of {row['sequences']} outputs left "
