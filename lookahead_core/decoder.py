@@ -13,9 +13,9 @@ gives each sequence its first token; then each step, for every live sequence:
   5. ``_learn``: hand the sources the step's outcome (the committed text, the window's next level,
      the rows' top-k, a hidden state) and count the tree's acceptance (``DraftStats``);
   6. ``_keep``: the KV rows to keep, the input token's and the accepted path's (``commit_kv``).
-A finished sequence then leaves the batch with its output (``retire``). A greedy step makes at
-most 4 host<->device transfers (tests/test_transfers.py): the feed (2), the logits read (3; a
-second copy with Token Recycling's top-k) and the kept rows' indices (6).
+A finished sequence then leaves the batch with its output (``retire``). A step makes at most 4
+host<->device transfers whatever the number of layers (tests/test_transfers.py): the feed (2), the
+logits read (3; a second copy with Token Recycling's top-k) and the kept rows' indices (6).
 """
 
 from __future__ import annotations
