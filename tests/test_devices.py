@@ -6,7 +6,6 @@ half-precision model, and ``model.device_map`` reaches ``from_pretrained``."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import warnings
 from dataclasses import replace
@@ -319,7 +318,7 @@ def test_the_70b_config_spreads_over_devices_and_device_map_is_validated():
         to_settings(compose_config("model=tiny_llama", "model.device_map=everywhere"))
     with pytest.raises(ConfigError, match="model.linear must be auto or stock .* model.device_map auto"):
         to_settings(compose_config("model=tiny_llama", "model.linear=stream", "model.device_map=auto"), device="cpu")
-    assert settings_module.DEVICE_MAPS == models.DEVICE_MAPS
+    assert settings_module.DEVICE_MAPS is runner.DEVICE_MAPS     # what is validated is what the runner places
 
 
 def test_the_harness_passes_the_device_map_to_the_loader(tmp_path, monkeypatch):

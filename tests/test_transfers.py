@@ -17,7 +17,6 @@ On a real GPU the same count is taken with ``torch.cuda.set_sync_debug_mode`` by
 from __future__ import annotations
 
 import weakref
-from dataclasses import replace
 
 import pytest
 import torch

@@ -19,6 +19,10 @@ from omegaconf import MISSING
 
 from experiments.data.datasets import PromptFormat
 
+DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
+"""accelerate's placement strategies for ``model.device_map``, which may also name one device
+(``cpu``, ``cuda:1``)."""
+
 
 class DType(str, Enum):
     float32 = "float32"

@@ -26,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from experiments.config.errors import ConfigError, one_line
-from experiments.config.schema import DatasetConfig, DType, JobKeys, LinearKernel, ModelConfig, RunConfig
+from experiments.config.schema import DEVICE_MAPS, DatasetConfig, DType, JobKeys, LinearKernel, ModelConfig, RunConfig
 from experiments.data.datasets import DATASETS, DatasetAdapter, Item, PromptFormat, get_dataset, repo_root
 from experiments.data.templates import PROMPT_TEMPLATES
 from experiments.decoders.registry import DECODERS, Decoder
@@ -241,7 +241,6 @@ def _plain(value: Any) -> Any:
 
 
 _DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
-DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")   # accelerate's (as loader.DEVICE_MAPS)
 
 
 def to_settings(cfg: DictConfig, *, device: str | None = None) -> RunSettings:

@@ -47,6 +47,7 @@ from experiments.grading.grade import score
 from experiments.rows.store import ResultStore
 from experiments.data.datasets import PromptFormat
 from experiments.data.templates import get_prompt_template
+from experiments.config.schema import DEVICE_MAPS
 from experiments.config.settings import RunSettings, load_items, plan, with_eos
 from experiments.models.tiny_tokenizer import ByteTokenizer
 
@@ -118,8 +119,8 @@ def placed(settings: RunSettings) -> RunSettings:
     """The settings on their device (``auto`` refused or warned about when it falls back to the CPU,
     before the model loads; a bare ``cuda`` gets its index) and the chip it is, which names the
     results file."""
-    placed = settings.model.device_map          # a device_map naming one device is where the model is
-    requested = placed if placed not in (None, *model_loader.DEVICE_MAPS) else settings.device
+    mapped = settings.model.device_map          # a device_map naming one device is where the model is
+    requested = mapped if mapped not in (None, *DEVICE_MAPS) else settings.device
     device = model_loader.job_device(requested, dtype=settings.model.dtype.value, spec=settings.model.spec)
     return replace(settings, device=str(device), device_name=model_loader.device_name(device))
 

@@ -41,6 +41,7 @@ from transformers import (
 )
 
 from experiments.config.errors import ConfigError
+from experiments.config.schema import DEVICE_MAPS
 from lookahead_core import kernels
 
 log = logging.getLogger(__name__)
@@ -473,10 +474,6 @@ def device_name(device: str | torch.device) -> str:
         pass
     name = name or platform.processor() or platform.machine() or "unknown CPU"
     return name if device.type == "cpu" else f"{device.type} ({name})"
-
-
-DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
-"""accelerate's placement strategies; a ``device_map`` may also name one device (``cpu``, ``cuda:1``)."""
 
 
 def _placement(device_map: str | dict | None) -> dict:
