@@ -12,22 +12,27 @@ machine share its cores and skew speedups: time one job per device.
 
 Config groups live in conf/ and are typed by experiments/config/schema.py (decoders by their class in
 experiments/decoders/); results go to results/raw/<experiment>/<model>/<config>-<settings>-s<seed>.csv,
-and rerunning a command resumes it.
+and rerunning a command resumes it. Beside each results file, ``<same name>.yaml`` holds the job's
+config (the command that wrote it in its header): ``python run.py --config-dir <its folder>
+--config-name <its name>`` reruns or resumes that result from it alone.
 """
 
+import shlex
 import sys
+from pathlib import Path
 
 import hydra
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import HydraException
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from experiments.data.datasets import repo_root
 from experiments.config.errors import ConfigError, one_line
 from experiments.config.settings import chosen_decoders, plan
 from experiments.config.schema import register_configs
+from experiments.rows.store import sidecar
 
 register_configs()
 
@@ -59,12 +64,27 @@ def main(cfg: DictConfig) -> None:
     from lookahead_core.parallel import ParallelError
 
     try:
-        run_job(settings, adapter, items)
+        run_job(settings, adapter, items, config=lambda path: job_config(cfg, HydraConfig.get(), path))
     except ConfigError as err:     # found once torch is imported (device=auto without a GPU), before the model loads
         fail(str(err))
     except ParallelError as err:   # a rank died or hung: the finished batches' rows are kept
         print(f"error: {err}", file=sys.stderr)
         sys.exit(1)
+
+
+def job_config(cfg: DictConfig, hydra_config, results: Path) -> str:
+    """The config file written beside ``results``: the job's composed config (interpolations such as
+    the data root's environment variable kept) as a primary config of its own, so that Hydra reruns
+    it from that folder, and the command that wrote it."""
+    args = [*(["-m"] if hydra_config.mode.name == "MULTIRUN" else []), *hydra_config.overrides.task]
+    command = " ".join(["python run.py", *map(shlex.quote, args)])
+    return "\n".join([
+        f"# The config of {results.name}, beside it. From the repository root, this reruns or resumes it:",
+        f"#   python run.py --config-dir {shlex.quote(str(results.parent))} --config-name {shlex.quote(sidecar(results, '').name)}",
+        f"# (other overrides may follow). Written by: {command}",
+        "defaults:", "  - run_schema", "  - _self_",
+        OmegaConf.to_yaml(cfg, resolve=False),
+    ])
 
 
 def run() -> None:

@@ -42,8 +42,8 @@ from .model_io import CausalLM, truncate_kv
 _WINDOW, _LEVELS, _CONTEXT = 3, 2, 6
 _TREE = (-1, 0, 0, -1, 3)
 STILL_RUNS = ("the greedy or sampling baseline (lookahead=None) and lookahead configs whose every step is a "
-              "causal chain (pool_only=True with a single draft per step: guess=1, suffix=1 or recycle=1 "
-              "alone; or no drafts with window=1 or ngram=2)")
+              "causal chain (pool_only=True with a single draft per step: guess=1, sources={'suffix': 1} or "
+              "sources={'recycle': 1} alone; or no drafts with window=1 or ngram=2)")
 
 
 class UnsupportedModelError(ValueError):
@@ -91,12 +91,14 @@ def branching(lookahead: LookaheadConfig | None) -> bool:
     """Whether some step of this config may branch (needs the custom mask and shared positions).
 
     Judged on the widest step the config can feed: its full window beside one chain per draft it
-    can propose (pool candidates, suffix matches, a recycled chain; recycle >= 2 branches by itself).
+    can propose (pool candidates, suffix matches, a recycled chain; a recycle source of 2 or more
+    branches by itself).
     """
     if lookahead is None:
         return False
     window, levels = (0, 0) if lookahead.pool_only else (lookahead.window, lookahead.ngram - 1)
-    drafts = lookahead.guess + lookahead.suffix + (1 if lookahead.recycle else 0) + (lookahead.recycle > 1)
+    recycle = lookahead.size("recycle")
+    drafts = lookahead.guess + lookahead.size("suffix") + (1 if recycle else 0) + (recycle > 1)
     return not step_layout(window, levels, chains(drafts, 2)).causal
 
 

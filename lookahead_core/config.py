@@ -39,14 +39,11 @@ class LookaheadConfig:
     Token trees and more draft sources (``lookahead_core/drafts.py``):
     tree: merge the step's candidates into one prefix tree, each shared prefix fed once; False
         feeds every candidate as a branch of its own (the paper's linear branches).
-    suffix: the most suffix-match drafts per step (prompt lookup / SuffixDecoding: continuations
-        of the longest context suffix seen before in prompt + output), 0 = off.
-    recycle: successors kept per token from the logits every step computes (Token Recycling), and
-        the branching of the tree grown from them; 0 = off.
-    recycle_window: with ``recycle`` and a window, every window row keeps its logits too, so the
-        successor table also learns from the window's guesses (more LM-head rows a step, the same
-        tokens fed); otherwise only the rows the step needs (input, last level, tree) refresh it.
-    depth: how deep suffix and recycled drafts go; 0 = N-1.
+    recycle_window: with the ``recycle`` source and a window, every window row keeps its logits
+        too, so the successor table also learns from the window's guesses (more LM-head rows a
+        step, the same tokens fed); otherwise only the rows the step needs (input, last level,
+        tree) refresh it. A flag of the recycle source (``SourceKind.flags``), named ``_rw``.
+    depth: how deep the sources' drafts go; 0 = N-1.
     budget: the most tokens fed per step (input token + window rows + tree nodes); nodes are kept
         by their estimated acceptance, measured online per source and depth. 0 = no cap.
     step_costs: the device's cost of a step that feeds k tokens, relative to one token, for
@@ -56,7 +53,12 @@ class LookaheadConfig:
         the budget; without it (empty), every step fills the budget.
     sources: registered draft sources (``lookahead_core/sources.py``) and how many drafts of
         ``depth`` tokens each proposes per step, as a mapping ``{name: size}`` (0 = off; stored as
-        sorted ``(name, size)`` pairs, so configs stay hashable).
+        sorted ``(name, size)`` pairs, so configs stay hashable). Built in:
+        ``suffix``: the most suffix-match drafts per step (prompt lookup / SuffixDecoding:
+        continuations of the longest context suffix seen before in prompt + output);
+        ``recycle``: successors kept per token from the logits every step computes (Token
+        Recycling), and the branching of the tree grown from them;
+        ``medusa``: trained Medusa heads' drafts (``lookahead_core/medusa.py``).
     """
 
     window: int = 15
@@ -67,8 +69,6 @@ class LookaheadConfig:
     keep_pool: bool = True
     seed: int = 0
     tree: bool = False
-    suffix: int = 0
-    recycle: int = 0
     recycle_window: bool = False
     depth: int = 0
     budget: int = 0
@@ -82,17 +82,18 @@ class LookaheadConfig:
         _require(_is_int(self.seed), f"seed must be an int, got {self.seed!r}")
         for name in ("tree", "prompt_pool", "pool_only", "keep_pool", "recycle_window"):
             _require(isinstance(getattr(self, name), bool), f"{name} must be a bool, got {getattr(self, name)!r}")
-        for name in ("suffix", "recycle", "depth", "budget"):
+        for name in ("depth", "budget"):
             value = getattr(self, name)
             _require(_is_int(value) and value >= 0, f"{name} must be an int >= 0, got {value!r}")
-        if self.recycle_window:
-            _require(self.recycle >= 1 and not self.pool_only,
-                     f"recycle_window needs recycle >= 1 and a window (pool_only=False), got recycle={self.recycle!r}, "
-                     f"pool_only={self.pool_only!r}")
         object.__setattr__(self, "sources", _sizes(self.sources))
+        if self.recycle_window:
+            _require(self.size("recycle") >= 1 and not self.pool_only,
+                     f"recycle_window needs the recycle source (sources={{'recycle': k}}, k >= 1) and a window "
+                     f"(pool_only=False), got sources={dict(self.sources)!r}, pool_only={self.pool_only!r}")
         if self.pool_only:
-            _require(self.guess + self.suffix + self.recycle + len(self.sources) >= 1,
-                     f"pool_only needs a draft source: guess (G), suffix, recycle or sources >= 1, got G={self.guess!r}")
+            _require(self.guess + len(self.sources) >= 1,
+                     f"pool_only needs a draft source: guess (G) >= 1 or sources (e.g. suffix, recycle), "
+                     f"got G={self.guess!r} and no sources")
             object.__setattr__(self, "prompt_pool", True)
         costs = self.step_costs
         _require(isinstance(costs, (tuple, list)) and all(isinstance(c, (int, float)) and not isinstance(c, bool)
@@ -108,13 +109,17 @@ class LookaheadConfig:
             _require(self.budget >= least, f"budget must be 0 (no cap) or >= {least} (the input token"
                      f"{' and the window rows' if self.uses_window else ''} plus one draft token), got {self.budget!r}")
 
+    def size(self, source: str) -> int:
+        """The size ``sources`` gives the registered source ``source`` (0: off)."""
+        return dict(self.sources).get(source, 0)
+
     @property
     def uses_window(self) -> bool:
         return not self.pool_only
 
     @property
     def draft_depth(self) -> int:
-        """Depth of suffix, recycled and registered sources' drafts."""
+        """Depth of the registered sources' drafts (suffix, recycled, ...)."""
         return self.depth or self.ngram - 1
 
     @property
@@ -126,21 +131,22 @@ class LookaheadConfig:
     def parallel_units(self) -> int:
         """The most pieces one step can be split into over the ranks of lookahead parallelism
         (``parallel.ShardedLM``): the window's columns and the step's drafts (pool candidates,
-        suffix, recycled and registered sources' drafts); a rank beyond them would feed nothing
-        but the input token."""
-        drafts = self.guess + self.suffix + self.recycle + sum(size for _, size in self.sources)
+        the registered sources' drafts); a rank beyond them would feed nothing but the input token."""
+        drafts = self.guess + sum(size for _, size in self.sources)
         return (self.window if self.uses_window else 0) + drafts
 
     @property
     def max_tokens_per_step(self) -> int:
         """Upper bound on tokens fed per forward: the budget, or window rows + G*(N-1) + the other
-        sources' draft tokens."""
+        sources' draft tokens (``size`` drafts of ``draft_depth`` each, and the recycle source's
+        tree: k, then k*(k//2), ... nodes a level)."""
         if self.budget:
             return self.budget
-        nodes = (self.guess * (self.ngram - 1) + self.suffix * self.draft_depth
-                 + sum(size for _, size in self.sources) * self.draft_depth)
-        width, level = self.recycle, self.recycle
-        for _ in range(self.draft_depth if self.recycle else 0):
+        recycle = self.size("recycle")
+        nodes = (self.guess * (self.ngram - 1)
+                 + sum(size for name, size in self.sources if name != "recycle") * self.draft_depth)
+        width, level = recycle, recycle
+        for _ in range(self.draft_depth if recycle else 0):
             nodes += level
             width = max(1, width // 2)
             level *= width
@@ -152,27 +158,12 @@ def _sizes(value) -> tuple[tuple[str, int], ...]:
     pairs = list(value.items()) if isinstance(value, Mapping) else list(value or ())
     _require(all(isinstance(p, (tuple, list)) and len(p) == 2 for p in pairs),
              f"sources must map registered source names to sizes, got {value!r}")
-    extra = sorted(name for name, kind in _sources.SOURCES.items() if kind.field is None)
     for name, size in pairs:
-        kind = _sources.SOURCES.get(name)
-        _require(kind is None or kind.field is None, f"sources: {name!r} is built in; set {kind and kind.field}=<size>")
-        _require(kind is not None, f"sources: {name!r} is not a registered source (registered: {extra or 'none'})")
+        _require(name in _sources.SOURCES,
+                 f"sources: {name!r} is not a registered source (registered: {sorted(_sources.SOURCES)})")
         _require(_is_int(size) and size >= 0, f"sources: {name} must be an int >= 0, got {size!r}")
     _require(len({name for name, _ in pairs}) == len(pairs), f"sources: a name is given twice in {value!r}")
     return tuple(sorted((name, size) for name, size in pairs if size))
-
-
-# The paper's linear lookahead: every other ``LookaheadConfig`` field (token trees, the other draft
-# sources, budgets, costs) extends it, is named only when set (:func:`config_label`) and enters
-# a results file's fingerprint only when set, so results decoded before that field existed keep
-# their names and resume.
-LINEAR_FIELDS: tuple[str, ...] = ("window", "ngram", "guess", "prompt_pool", "pool_only", "keep_pool", "seed")
-
-
-def linear_twin(config: LookaheadConfig) -> LookaheadConfig:
-    """The paper's linear branches at ``config``'s (N, W, G) and pool: only the linear fields, every
-    other field (sources, budget, costs, ...) at its default."""
-    return LookaheadConfig(**{name: getattr(config, name) for name in LINEAR_FIELDS})
 
 
 def config_fields(config: LookaheadConfig | None) -> dict | None:

@@ -12,7 +12,7 @@ so the output is token-identical to greedy decoding whatever the heads propose.
 LM heads: a published checkpoint (FasterDecoding's format, :func:`load_heads`) either gives each
 head an LM head of its own (``{k}.{layers}.weight`` in the state dict, initialised from the base's
 before training) or none (their first release), in which case the base's own output embedding is
-shared. The heads this project trains (``experiments/presets/medusa.py``) share the base's: only the
+shared. The heads this project trains (``experiments/tools/medusa.py``) share the base's: only the
 residual blocks are trained (hidden^2 + hidden parameters a head), which is what makes training
 on a CPU possible and keeps the saved heads small.
 

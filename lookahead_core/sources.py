@@ -12,17 +12,14 @@ it keeps state across decodes, as Token Recycling's table travels in the prior) 
   step's token tree (verification keeps the output token-identical to greedy, whatever it proposes);
 * :func:`lookahead_core.config.config_label`, the one name of a config (decoder tags, report
   labels, results file names) to name it, ``_<label><size>``;
-* :func:`~lookahead_core.config.linear_twin` and the results fingerprint to treat it as what it is,
-  an extension of the paper's linear lookahead (left out at its default, so older results keep
-  their names);
 * ``decoding=auto``'s grid (:func:`lookahead_core.cost.grid.default_grid`) to add the configs the
   source lists in ``grid``.
 
 ``docs/draft_sources.md`` walks through an example; ``tests/test_draft_sources.py`` registers a
-toy source from the test file alone. The built-in sources are registered below (the n-gram pool
-and its Jacobi window are the paper's and the base of every config: ``N``, ``W``, ``G``). The two
-built-ins keep their own ``LookaheadConfig`` fields (``suffix``, ``recycle``: their yaml keys since
-the first results); a registered source is sized in ``LookaheadConfig.sources``.
+toy source from the test file alone. The built-in sources (suffix matches, Token Recycling,
+Medusa heads) are registered below like any other and sized the same way,
+``LookaheadConfig(sources={"suffix": 4, "recycle": 4})``; the n-gram pool and its Jacobi window
+are the paper's and the base of every config (``N``, ``W``, ``G``), not a registered source.
 
 This module imports neither torch nor the source classes: a config validates and is named
 without them, and a source class given as ``"module:Class"`` is imported when a decode builds it.
@@ -43,9 +40,9 @@ class SourceKind:
     name: its key in ``LookaheadConfig.sources`` (and the yaml) and the tag its drafts carry.
     label: its part of ``config_label``: ``_<label><size>``.
     factory: the class (or ``"module:Class"``) whose ``from_config(config, size, context)`` builds it.
-    field: the ``LookaheadConfig`` field holding its size (the built-ins); None: ``config.sources``.
     before_pool: its drafts enter the tree before the n-gram pool's (the suffix source's do).
-    flags: ``(field, label)`` pairs of boolean options it owns, named ``_<label>`` when set.
+    flags: ``(field, label)`` pairs of boolean ``LookaheadConfig`` options it owns, named
+        ``_<label>`` when set (the recycle source's ``recycle_window``, ``_rw``).
     grid: a callable returning the configs ``decoding=auto`` adds to its grid for this source.
     drafter: it drafts with a trained model the user supplies (Medusa heads): ``from_config`` gets
         ``CausalLM.drafters[name]`` as a fourth argument, and a decode without one is refused.
@@ -56,7 +53,6 @@ class SourceKind:
     name: str
     label: str
     factory: Any
-    field: str | None = None
     before_pool: bool = False
     flags: tuple[tuple[str, str], ...] = ()
     grid: Callable[[], list] | None = None
@@ -65,9 +61,7 @@ class SourceKind:
 
     def size(self, config: Any) -> int:
         """How many drafts it proposes per step under ``config`` (0: off)."""
-        if self.field is not None:
-            return getattr(config, self.field)
-        return dict(config.sources).get(self.name, 0)
+        return config.size(self.name)
 
     def build(self, config: Any, size: int, context: Any, drafters: dict | None = None) -> Any:
         factory = self.factory
@@ -109,24 +103,32 @@ def register_source(name: str, *, label: str, grid: Callable[[], list] | None = 
 
 
 def unregister_source(name: str) -> None:
-    """Removes a registered source (not a built-in)."""
-    kind = SOURCES.get(name)
-    if kind is None or kind.field is not None:
+    """Removes a registered source (not one of the built-ins registered below)."""
+    if name not in SOURCES or name in BUILT_IN:
         raise ValueError(f"{name!r} is not a registered source that can be removed")
     del SOURCES[name]
 
 
+# The words of config_label's grammar that are not a source's: ``la_N<n>W<w>G<g>`` / ``pool_N<n>G<g>``
+# then ``pool``, ``tree``, each source's ``<label><size>`` and its flags' ``<label>``, then
+# ``d<depth>``, ``k<budget>``, ``ca``. A label is lower-case letters, so every part reads back as
+# one word and a number, and no two configs share a name as long as no label is one of these words
+# or another source's (or flag's) label.
+GRAMMAR_WORDS = ("la", "pool", "tree", "d", "k", "ca")
+
+
 def _add(kind: SourceKind) -> None:
-    if not kind.name.isidentifier() or not kind.label.isidentifier():
-        raise ValueError(f"a source's name and label must be identifiers, got {kind.name!r}, {kind.label!r}")
-    taken = {k.label for k in SOURCES.values() if k.name != kind.name} | set(RESERVED_LABELS)
-    if kind.label in taken:
-        raise ValueError(f"label {kind.label!r} is taken (labels in use: {sorted(taken)})")
+    labels = [kind.label] + [label for _, label in kind.flags]
+    if not kind.name.isidentifier() or not all(label.isascii() and label.isalpha() and label.islower()
+                                                for label in labels):
+        raise ValueError(f"a source's name and labels must be identifiers (labels: lower-case letters only), "
+                         f"got {kind.name!r}, {labels!r}")
+    taken = {label for k in SOURCES.values() if k.name != kind.name
+             for label in [k.label] + [flag for _, flag in k.flags]} | set(GRAMMAR_WORDS)
+    clash = sorted(set(labels) & taken) or (labels if len(set(labels)) < len(labels) else [])
+    if clash:
+        raise ValueError(f"label {clash[0]!r} is taken (config_label's words in use: {sorted(taken)})")
     SOURCES[kind.name] = kind
-
-
-# Parts of config_label that are not a source's: the tree, draft depth, token budget, step costs.
-RESERVED_LABELS = ("tree", "d", "k", "ca", "pool")
 
 
 def active(config: Any) -> list[tuple[SourceKind, int]]:
@@ -143,9 +145,9 @@ def label_parts(config: Any) -> list[str]:
     return parts
 
 
-_add(SourceKind("suffix", "sfx", "lookahead_core.drafts:SuffixSource", field="suffix", before_pool=True))
-_add(SourceKind("recycle", "rc", "lookahead_core.drafts:RecycleSource", field="recycle",
-                flags=(("recycle_window", "rw"),)))
+_add(SourceKind("suffix", "sfx", "lookahead_core.drafts:SuffixSource", before_pool=True))
+_add(SourceKind("recycle", "rc", "lookahead_core.drafts:RecycleSource", flags=(("recycle_window", "rw"),)))
 # Trained heads (lookahead_core/medusa.py, which needs torch): registered here by name so that a
 # config naming them validates without importing torch.
 _add(SourceKind("medusa", "md", "lookahead_core.medusa:MedusaSource", drafter=True, hidden=True))
+BUILT_IN = frozenset(SOURCES)

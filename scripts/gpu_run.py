@@ -44,6 +44,7 @@ import argparse  # noqa: E402
 import csv  # noqa: E402
 import gc  # noqa: E402
 import glob  # noqa: E402
+import gzip  # noqa: E402
 import io  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
@@ -158,8 +159,9 @@ CHECKS: dict[str, LookaheadConfig] = {
     "lookahead_pool": LookaheadConfig(window=5, ngram=4, guess=5, prompt_pool=True),
     "pool_used": POOL,
     "tree": cm.tree_config(16),
-    "lookahead_tree": LookaheadConfig(window=5, ngram=4, guess=5, prompt_pool=True, tree=True, suffix=4, recycle=4,
-                                      depth=6, budget=LOOKAHEAD.max_tokens_per_step),
+    "lookahead_tree": LookaheadConfig(window=5, ngram=4, guess=5, prompt_pool=True, tree=True,
+                                      sources={"suffix": 4, "recycle": 4}, depth=6,
+                                      budget=LOOKAHEAD.max_tokens_per_step),
     "medusa": LookaheadConfig(window=1, ngram=4, guess=0, pool_only=True, tree=True, depth=4, sources={"medusa": 15}),
 }
 BATCH_CHECKS: dict[str, LookaheadConfig | None] = {"batch_greedy": None, "batch_lookahead_pool": CHECKS["lookahead_pool"]}
@@ -173,9 +175,8 @@ FLEX_ORDER = ("llama2_7b", "mistral_7b", "llama3_8b", "codellama_7b")
 # (c): where S comes from: (what, glob under the repository, decoders), rows of real models on the CPU;
 # ``--project GLOB`` adds ("rows", GLOB, None): every core decoder's rows there (forward-only projection).
 SOURCES: tuple[tuple[str, str, tuple[str, ...] | None], ...] = (
-    ("paper", "results/benchmark/smollm2_*/rows.csv", ("la_N5W15G15", "la_N5W15G15_pool")),
-    ("paper", "results/scaling/*/*/w16_n5+*.csv", ("w16_n5", "w16_n5_pool")),
-    ("auto", "results/auto_stream/*/*/*.csv", ("auto",)),
+    ("paper", "results/scaling/*/*/w16_n5+*.csv.gz", ("w16_n5", "w16_n5_pool")),
+    ("auto", "results/auto_stream/*/*/*.csv.gz", ("auto",)),
 )
 
 OUT_FILES = ("summary.md", "run.json", "log.txt", "correctness.csv", "latency.csv", "host.csv", "projection.csv")
@@ -749,7 +750,8 @@ def read_sources(root: Path = ROOT, sources=SOURCES) -> list[dict]:
     groups: dict[tuple, dict] = {}
     for what, pattern, decoders in sources:
         for path in sorted(glob.glob(str(root / pattern))):
-            with open(path, newline="") as handle:
+            opened = gzip.open(path, "rt", newline="") if path.endswith(".gz") else open(path, newline="")
+            with opened as handle:
                 for row in csv.DictReader(handle):
                     wanted = row.get("decoder") in decoders if decoders is not None else \
                         row.get("family") == "core" and _config(row) is not None          # no greedy baseline

@@ -22,8 +22,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from experiments.models.loader import load_model
-from experiments.presets.batch import cpu_model
+from experiments.models.loader import device_name, load_model
 from experiments.reporting.tables import markdown
 from lookahead_core.cost.curve import measure_latency
 
@@ -58,7 +57,7 @@ def main(argv: list[str] | None = None) -> None:
             for r in curves(m, t, args.repeats, d, tuple(args.sizes))]
     table = pd.DataFrame(rows)
     args.out.mkdir(parents=True, exist_ok=True)
-    table.assign(host=cpu_model(), torch=torch.__version__).to_csv(
+    table.assign(host=device_name("cpu"), torch=torch.__version__).to_csv(
         args.out / "curves.csv", index=False, float_format="%.4g")
     index = ["model", "dtype", "threads", "linear"]
     wide = table.pivot_table(index=index, columns="k", values="x_stock_t1").round(2)

@@ -32,10 +32,12 @@ NEW = 40
 CASES = {
     "window": ("decode", LookaheadConfig(5, 4, 0), None),
     "window_pool": ("decode", LookaheadConfig(6, 4, 6, prompt_pool=True), None),
-    "tree": ("decode", LookaheadConfig(5, 5, 8, prompt_pool=True, tree=True, suffix=3, recycle=3), None),
-    "tree_budget": ("decode", LookaheadConfig(4, 4, 6, tree=True, recycle=4, recycle_window=True, budget=20), None),
-    "pool_only": ("decode", LookaheadConfig(ngram=4, guess=6, pool_only=True, tree=True, suffix=4), None),
-    "batch": ("batch", LookaheadConfig(5, 4, 6, prompt_pool=True, tree=True, suffix=2), None),
+    "tree": ("decode", LookaheadConfig(5, 5, 8, prompt_pool=True, tree=True,
+                                       sources={"suffix": 3, "recycle": 3}), None),
+    "tree_budget": ("decode", LookaheadConfig(4, 4, 6, tree=True, sources={"recycle": 4}, recycle_window=True,
+                                              budget=20), None),
+    "pool_only": ("decode", LookaheadConfig(ngram=4, guess=6, pool_only=True, tree=True, sources={"suffix": 4}), None),
+    "batch": ("batch", LookaheadConfig(5, 4, 6, prompt_pool=True, tree=True, sources={"suffix": 2}), None),
     "sampling": ("decode", LookaheadConfig(5, 4, 6, prompt_pool=True), SamplingConfig(temperature=1.0, seed=3)),
 }
 

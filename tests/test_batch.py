@@ -21,8 +21,9 @@ CONFIGS = {
     "lookahead": LookaheadConfig(4, 3, 4, prompt_pool=True),
     "lookahead-wide": LookaheadConfig(6, 5, 8),
     "pool-only": LookaheadConfig(ngram=4, guess=3, pool_only=True),
-    "tree": LookaheadConfig(4, 4, 6, prompt_pool=True, tree=True, suffix=2, recycle=3, budget=24),
-    "pool-tree": LookaheadConfig(ngram=4, guess=4, pool_only=True, tree=True, suffix=3, recycle=3, depth=5),
+    "tree": LookaheadConfig(4, 4, 6, prompt_pool=True, tree=True, sources={"suffix": 2, "recycle": 3}, budget=24),
+    "pool-tree": LookaheadConfig(ngram=4, guess=4, pool_only=True, tree=True, sources={"suffix": 3, "recycle": 3},
+                                 depth=5),
 }
 
 
@@ -150,7 +151,8 @@ def test_bad_batches_are_refused(llama):
 # --- sampling, per row -----------------------------------------------------------------------
 
 SAMPLE_PROMPTS = [[0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 2, 3], [3, 1], [4, 4, 0, 1, 2, 0, 1, 2, 3, 0, 1, 2, 3, 4, 0, 1, 2]]
-SAMPLE_TREE = LookaheadConfig(window=3, ngram=3, guess=8, prompt_pool=True, tree=True, suffix=3, recycle=3, depth=3)
+SAMPLE_TREE = LookaheadConfig(window=3, ngram=3, guess=8, prompt_pool=True, tree=True,
+                              sources={"suffix": 3, "recycle": 3}, depth=3)
 DRAWS = 1500
 
 
@@ -194,8 +196,8 @@ def test_a_batch_starts_from_the_prior_as_decode_does(llama):
     from lookahead_core import DecodeState, DraftStats
 
     costs = (1.0, 2.27, 3.01, 1.91, 2.0, 2.07, 2.2, 2.33, 2.4, 2.5, 2.55, 2.6, 2.7, 2.8, 2.85, 2.9, 2.95)
-    config = LookaheadConfig(window=1, ngram=4, guess=0, pool_only=True, tree=True, suffix=1, depth=16, budget=17,
-                             step_costs=costs)
+    config = LookaheadConfig(window=1, ngram=4, guess=0, pool_only=True, tree=True, sources={"suffix": 1}, depth=16,
+                             budget=17, step_costs=costs)
     learnt = DraftStats()
     for tag in (f"suffix:{b}:c{c}" for b in (1, 2, 3, 4, 8, 16, 32) for c in (1, 2, 3)):
         for depth in range(1, 17):
@@ -221,7 +223,8 @@ def test_recycled_successors_carry_to_the_next_decode_and_batch_without_being_wr
 
     from lookahead_core import DecodeState
 
-    config = LookaheadConfig(window=1, ngram=4, guess=0, pool_only=True, tree=True, recycle=4, depth=4, budget=9)
+    config = LookaheadConfig(window=1, ngram=4, guess=0, pool_only=True, tree=True, sources={"recycle": 4}, depth=4,
+                             budget=9)
     limits = DecodeLimits(max_new_tokens=NEW)
     prompts = prompts_for(llama.config.vocab_size, lengths=(14, 37))
     first = decode(llama, prompts[0], config, limits)

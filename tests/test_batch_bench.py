@@ -1,16 +1,21 @@
-"""Batched cost model by hand, and the batch benchmark end to end on a tiny model."""
+"""Batched cost model by hand, and the batch benchmark (run.py suite=batch, its t(B, k) tool and its
+report) end to end on a tiny model."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
+from hydra import compose, initialize_config_dir
 
-from experiments.presets import batch as batch_bench
-from experiments.data.datasets import get_dataset
+from experiments.config.schema import register_configs
+from experiments.config.settings import plan
+from experiments.data.datasets import get_dataset, repo_root
+from experiments.job import runner
+from experiments.reporting import batch as batch_bench
+from experiments.tools import app, batch_latency
 from lookahead_core import LookaheadConfig
 from lookahead_core import cost as cm
 from lookahead_core.config import config_label
@@ -18,6 +23,39 @@ from lookahead_core.config import config_label
 from conftest import DATA_ROOT  # the full data when present, else tests/fixtures/data
 
 POOL = LookaheadConfig(window=1, ngram=3, guess=1, pool_only=True)
+DATASETS = ("mtbench", "humaneval")
+BATCH_SIZES = (1, 3)
+PROMPTS = 3
+BATCHES = 1                      # batches per (dataset, B)
+
+
+def job(dataset: str, batch_size: int, limit: int, out: Path | None = None):
+    """The composed run.py job ``suite=batch`` on the tiny model: ``limit`` first turns in batches of ``batch_size``."""
+    register_configs()
+    overrides = ["suite=batch", "model=tiny_llama", f"experiment={dataset}", f"batch_size={batch_size}",
+                 f"dataset.limit={limit}", "experiment.max_new_tokens=10", f"data_root={DATA_ROOT}"]
+    if out is not None:
+        overrides.append(f"results_file={out / 'jobs' / f'{dataset}_B{batch_size}.csv'}")
+    with initialize_config_dir(config_dir=str(repo_root() / "conf"), version_base="1.3"):
+        return compose("config", overrides=overrides)
+
+
+def lineup() -> dict[str, LookaheadConfig | None]:
+    """conf/suite/batch.yaml's decoders by name, the baseline first (None: no lookahead)."""
+    settings, _, _ = plan(job("mtbench", 1, 1))
+    return {decoder.name: decoder.lookahead for decoder in settings.decoders}
+
+
+def run_bench(out: Path) -> None:
+    """What scripts/runs/batch/cpu.sh runs, small: t(B, k), one batch at every B, then the rest, the report."""
+    batch_latency.run(app.settings("batch_latency", ["model=tiny_llama", f"batch_sizes={list(BATCH_SIZES)}",
+                                                     "repeats=1", f"out={out}"], batch_latency.check))
+    for first in (True, False):
+        for dataset in DATASETS:
+            for B in BATCH_SIZES:
+                count = min(min(BATCHES, max(1, PROMPTS // B)) * B, PROMPTS)
+                runner.run(job(dataset, B, min(B, count) if first else count, out))
+    batch_bench.write(out)
 
 
 def costs(per_token: float = 0.0):
@@ -55,28 +93,28 @@ def test_predict_batch_and_auto_per_batch_size():
 
 def test_decoder_names():
     """Drafting configs are named by config_label; the greedy decoders and the tree keep their names."""
-    assert list(batch_bench.DECODERS) == ["hf_greedy", "core_greedy", "pool_N3G1", "la_N4W5G5_pool", "tree_k6"]
-    assert batch_bench.DECODERS["pool_N3G1"] == POOL
+    decoders = lineup()
+    assert list(decoders) == ["hf_greedy", "core_greedy", "pool_N3G1", "la_N4W5G5_pool", "tree_k6"]
+    assert decoders["pool_N3G1"] == POOL
     for name in ("pool_N3G1", "la_N4W5G5_pool"):
-        assert config_label(batch_bench.DECODERS[name]) == name
+        assert config_label(decoders[name]) == name
+    assert decoders["tree_k6"] == cm.tree_config(6)
 
 
 @pytest.fixture(scope="module")
 def bench_dir(tmp_path_factory):
     threads = torch.get_num_threads()
     out = tmp_path_factory.mktemp("batch")
-    batch_bench.main(["run", "--model", "tiny-llama", "--datasets", "mtbench", "humaneval", "--batch-sizes", "1", "3",
-                      "--batches", "1", "--prompts", "3", "--max-new-tokens", "10", "--latency-repeats", "1",
-                      "--data-root", str(DATA_ROOT), "--out", str(out)])
+    run_bench(out)
     torch.set_num_threads(threads)
     return out
 
 
 def test_batch_bench_rows_report_and_resume(bench_dir: Path):
     rows = pd.read_csv(bench_dir / "rows.csv")
-    assert len(rows) == 2 * (1 + 3) * len(batch_bench.DECODERS)             # one row per sequence per decoder
+    assert len(rows) == 2 * (1 + 3) * len(lineup())             # one row per sequence per decoder
     assert rows.matches_hf_greedy.all(), "a batched core decoder differed from batched generate"
-    items = json.loads((bench_dir / "meta.json").read_text())["items"]
+    items = {dataset: [item.item_id for item in plan(job(dataset, 1, PROMPTS))[2]] for dataset in DATASETS}
     assert set(rows[rows.B == 3].composition) == {" ".join(items["mtbench"]), " ".join(items["humaneval"])}
     # Spread over MT-Bench's categories (its first items in file order are all writing).
     categories = {item.item_id: item.extra["category"] for item in get_dataset("mtbench").load(DATA_ROOT, source="local")}
@@ -86,9 +124,9 @@ def test_batch_bench_rows_report_and_resume(bench_dir: Path):
     text = (bench_dir / "summary.md").read_text()
     assert "Where lookahead stops paying" in text and "auto per batch size" in text
     assert (bench_dir / "speedup_vs_batch.png").stat().st_size > 0
-    batch_bench.main(["run", "--model", "tiny-llama", "--datasets", "mtbench", "humaneval", "--batch-sizes", "1", "3",
-                      "--batches", "1", "--prompts", "3", "--max-new-tokens", "10", "--data-root", str(DATA_ROOT),
-                      "--out", str(bench_dir)])
+    threads = torch.get_num_threads()
+    run_bench(bench_dir)
+    torch.set_num_threads(threads)
     assert len(pd.read_csv(bench_dir / "rows.csv")) == len(rows)            # resumed: nothing rerun
 
 
@@ -98,5 +136,5 @@ def test_roofline_projection_is_flat_then_compute_bound(bench_dir: Path):
     assert cm.batch_latency(costs, 64, 8) == pytest.approx(2 * 1e9 * 512 / 1e14)
     table = batch_bench.project_roofline(pd.read_csv(bench_dir / "rows.csv"), costs)
     assert set(table.B) == {1, 64} and (table.projected > 0).all()
-    batch_bench.main(["roofline", "--out", str(bench_dir), "--batch-sizes", "1", "4"])
+    batch_bench.main([str(bench_dir), "--roofline", "--batch-sizes", "1", "4"])
     assert "ASSUMED" in (bench_dir / "roofline.md").read_text()

@@ -9,11 +9,12 @@ from lookahead_core import DecodeLimits, LookaheadConfig, SamplingConfig, decode
     ({"window": 0}, "window"), ({"window": -3}, "window"), ({"window": 2.5}, "window"),
     ({"ngram": 1}, "ngram"), ({"ngram": "5"}, "ngram"), ({"guess": -1}, "guess"),
     ({"pool_only": True, "guess": 0}, "guess"), ({"seed": None}, "seed"), ({"window": True}, "window"),
-    ({"tree": 1}, "tree"), ({"suffix": -1}, "suffix"), ({"recycle": 1.5}, "recycle"), ({"depth": -2}, "depth"),
+    ({"tree": 1}, "tree"), ({"sources": {"suffix": -1}}, "suffix"), ({"sources": {"recycle": 1.5}}, "recycle"),
+    ({"depth": -2}, "depth"),
     ({"budget": -1}, "budget"), ({"window": 3, "ngram": 3, "budget": 6}, "budget"),   # 6 < 1 + 2 + 3 + 1
     ({"pool_only": True, "guess": 2, "budget": 1}, "budget"),
-    ({"recycle_window": True}, "recycle_window"), ({"recycle": 2, "recycle_window": 1}, "recycle_window"),
-    ({"pool_only": True, "guess": 2, "recycle": 2, "recycle_window": True}, "recycle_window"),
+    ({"recycle_window": True}, "recycle_window"), ({"sources": {"recycle": 2}, "recycle_window": 1}, "recycle_window"),
+    ({"pool_only": True, "guess": 2, "sources": {"recycle": 2}, "recycle_window": True}, "recycle_window"),
     ({"step_costs": (1.0,)}, "step_costs"),                                       # no tree, no budget
     ({"pool_only": True, "guess": 2, "tree": True, "budget": 3, "step_costs": (1.0, 2.0)}, "step_costs"),
     ({"pool_only": True, "guess": 2, "tree": True, "budget": 2, "step_costs": (1.0, -2.0)}, "step_costs"),
@@ -63,7 +64,7 @@ def test_bad_inputs_fail_before_the_model_is_touched():
 def test_tree_config_bounds():
     config = LookaheadConfig(window=3, ngram=3, guess=2, budget=7)
     assert config.window_rows == 6 and config.max_tokens_per_step == 7
-    pool = LookaheadConfig(ngram=4, guess=2, pool_only=True, suffix=2, recycle=4, depth=3)
+    pool = LookaheadConfig(ngram=4, guess=2, pool_only=True, sources={"suffix": 2, "recycle": 4}, depth=3)
     # 1 + G*(N-1) + suffix*depth + recycle template 4 + 4*2 + 8*1
     assert pool.draft_depth == 3 and pool.max_tokens_per_step == 1 + 6 + 6 + 4 + 8 + 8
-    assert LookaheadConfig(ngram=4, guess=0, pool_only=True, suffix=1).draft_depth == 3
+    assert LookaheadConfig(ngram=4, guess=0, pool_only=True, sources={"suffix": 1}).draft_depth == 3

@@ -14,7 +14,7 @@ from hydra import compose, initialize_config_dir
 from experiments.job import runner
 
 from experiments.data.datasets import repo_root
-from experiments.decoders.registry import DECODERS, AutoDecoder, CoreDecoder, Decoder, HFGenerate
+from experiments.decoders.registry import DECODERS, SOURCE_ALIASES, AutoDecoder, CoreDecoder, Decoder, HFGenerate
 from experiments.config.errors import ConfigError
 from experiments.config.settings import RunSettings, decoding_options, load_option, to_settings
 from experiments.config.schema import register_configs
@@ -73,9 +73,10 @@ def test_every_decoding_option_names_itself_and_is_listable() -> None:
 
 def test_core_decoders_take_every_lookahead_config_field() -> None:
     """A field added to LookaheadConfig is a yaml key at once (issue: token trees add fields); ``heads``
-    (where trained drafters come from) is the one key beside them."""
+    (where trained drafters come from) and the built-in sources' aliases are the keys beside them."""
     keys = {f.name for f in dataclasses.fields(CoreDecoder.Params)}
-    assert keys == {"lookahead", "heads"} | {f.name for f in dataclasses.fields(LookaheadConfig)} - {"seed"}
+    assert keys == ({"lookahead", "heads", *SOURCE_ALIASES}
+                    | {f.name for f in dataclasses.fields(LookaheadConfig)} - {"seed"})
     settings = to_settings(compose_config("experiment=mtbench", "decoding.keep_pool=false", "decoding.window=4"))
     assert settings.candidates[0].config == LookaheadConfig(window=4, ngram=5, guess=15, keep_pool=False)
 
@@ -249,15 +250,14 @@ def test_the_results_path_depends_on_settings_not_on_the_subset() -> None:
     assert to_settings(compose_config("seed=1")).results_path() != path
 
 
-def test_tree_fields_at_their_defaults_keep_old_results_paths() -> None:
-    """Files written before token trees existed keep their names, so their runs still resume."""
+def test_a_decoders_fingerprint_is_its_full_params() -> None:
     settings = to_settings(compose_config("experiment=mtbench", "decoding=lookahead_pool"))
     name, kind, params = settings.candidates[0].fingerprint()
-    assert "tree" not in params and "budget" not in params and params["window"] == 15
+    assert params["tree"] is False and params["budget"] == 0 and params["window"] == 15
     tree = to_settings(compose_config("experiment=mtbench", "decoding=lookahead_pool", "decoding.tree=true"))
     assert tree.results_path() != settings.results_path() and tree.candidates[0].config.tree
     assert tree.candidates[0].fingerprint()[2]["tree"] is True
-    assert "step_costs" not in params and "recycle_window" not in params     # yaml [] equals the default ()
+    assert list(params["step_costs"]) == [] and params["recycle_window"] is False
     auto = to_settings(compose_config("experiment=mtbench", "decoding=auto"))
     again = to_settings(compose_config("experiment=mtbench", "decoding=auto", "decoding.recalibrate=true"))
     assert "recalibrate" not in auto.candidates[0].fingerprint()[2]            # how it calibrates, not what
@@ -291,7 +291,7 @@ def test_model_linear_stock_resumes_the_files_written_before_the_key() -> None:
                  "experiment.max_new_tokens=128", "decoding.temperature=0", "experiment.score=false", "threads=1",
                  "baseline=greedy", decoders, "results_dir=results/scaling"]
     stock = to_settings(compose_config(*overrides, "model.linear=stock"), device="cpu")
-    committed = repo_root() / "results/scaling/mtbench/smollm2_135m/w2_n3+w2_n3_pool+tree_b9_n3-h6e1d733b-s0.csv"
+    committed = repo_root() / "results/scaling/mtbench/smollm2_135m/w2_n3+w2_n3_pool+tree_b9_n3-ha95d72b7-s0.csv"
     assert stock.results_path() == committed and committed.is_file()
     assert to_settings(compose_config(*overrides), device="cpu").fingerprint() != stock.fingerprint()
 

@@ -72,7 +72,7 @@ def test_step_shapes_follow_the_layout():
     assert logit_rows_for(EXAMPLE, 4) == 4                           # warm-up step: min(k, W + 1)
     assert logit_rows_for(LookaheadConfig(window=1, ngram=4, guess=3, pool_only=True), 4) == 4
     # recycle_window keeps every row's logits: the window's 8 rows (W4 N3) plus input and drafts.
-    every = LookaheadConfig(window=4, ngram=3, guess=2, recycle=2, recycle_window=True)
+    every = LookaheadConfig(window=4, ngram=3, guess=2, sources={"recycle": 2}, recycle_window=True)
     assert step_shape(every, candidates=0) == (8, 8) and logit_rows_for(every, 10) == 10
     assert config_label(every) == "la_N3W4G2_rc2_rw"
 
@@ -211,7 +211,7 @@ def test_measure_latency_retimes_a_curve_bent_by_load(tiny):
 
 def test_cost_aware_trees_get_this_devices_step_costs(tiny):
     cost = CostModel(tokens=(1, 4, 8), seconds=(1.0, 1.6, 2.0), host_seconds=0.25)
-    tree = LookaheadConfig(ngram=4, guess=4, pool_only=True, tree=True, suffix=4, budget=8)
+    tree = LookaheadConfig(ngram=4, guess=4, pool_only=True, tree=True, sources={"suffix": 4}, budget=8)
     aware = cost.cost_aware(tree)
     assert aware.step_costs[0] == pytest.approx(1.0) and len(aware.step_costs) == 8
     assert aware.step_costs[3] == pytest.approx((1.6 + 0.25) / 1.25)          # 4 tokens, host included
@@ -238,8 +238,9 @@ def test_cost_aware_calibration_surveys_acceptance_first_and_cuts_every_tree_by_
 
     monkeypatch.setattr(cm, "decode", spy)
     cost = CostModel(tokens=(1, 2, 16), seconds=(1.0, 1.9, 2.2))
-    deep = LookaheadConfig(ngram=4, guess=0, pool_only=True, tree=True, suffix=1, depth=12, budget=13)
-    wide = LookaheadConfig(ngram=3, guess=2, pool_only=True, tree=True, suffix=2, recycle=2, depth=4, budget=8)
+    deep = LookaheadConfig(ngram=4, guess=0, pool_only=True, tree=True, sources={"suffix": 1}, depth=12, budget=13)
+    wide = LookaheadConfig(ngram=3, guess=2, pool_only=True, tree=True, sources={"suffix": 2, "recycle": 2},
+                           depth=4, budget=8)
     prompts = repetitive_prompts(tiny.config.vocab_size)
     _, report = choose_config(tiny, prompts, DecodeLimits(16), grid=[deep, wide], cost_model=cost, prune=False)
     surveys = [c for c in calls if c[0] is not None and not c[0].step_costs]
@@ -266,7 +267,7 @@ def test_cost_aware_calibration_surveys_acceptance_first_and_cuts_every_tree_by_
 def test_calibration_prefills_each_prompt_once_and_decodes_as_a_fresh_prefill_would(tiny):
     prompts = repetitive_prompts(tiny.config.vocab_size)
     grid = [LookaheadConfig(ngram=3, guess=1, pool_only=True),
-            LookaheadConfig(ngram=4, guess=0, pool_only=True, tree=True, suffix=2, depth=5, budget=6)]
+            LookaheadConfig(ngram=4, guess=0, pool_only=True, tree=True, sources={"suffix": 2}, depth=5, budget=6)]
     sizes: list[int] = []
     hook = tiny.register_forward_pre_hook(lambda m, a, kw: sizes.append(kw["input_ids"].shape[1]), with_kwargs=True)
     try:
@@ -335,7 +336,8 @@ def test_auto_screens_every_config_briefly_then_calibrates_the_best_few(tiny):
 
 
 def test_tree_labels_and_shapes():
-    tree = LookaheadConfig(ngram=4, guess=4, pool_only=True, tree=True, suffix=4, recycle=4, depth=6, budget=8)
+    tree = LookaheadConfig(ngram=4, guess=4, pool_only=True, tree=True, sources={"suffix": 4, "recycle": 4},
+                           depth=6, budget=8)
     assert config_label(tree) == "pool_N4G4_tree_sfx4_rc4_d6_k8"
     assert step_shape(tree) == (8, 8) and step_shape(tree, 0) == (1, 1)
     cost = CostModel(tokens=(1, 256), seconds=(1.0, 1.0))

@@ -11,6 +11,8 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 SUFFIXES = (".py", ".yaml", ".yml", ".sh", ".md")
 SELF = Path(__file__).resolve().relative_to(ROOT).as_posix()
@@ -69,3 +71,63 @@ def test_the_scanner_flags_made_up_references():
     broken = broken_references(list(fake), read=fake.__getitem__)
     assert broken == ["lookahead_core/fake.py: docs/no_such_document.md", "lookahead_core/fake.py: REFERENCE.md",
                       "docs/fake.md: missing.md"]
+
+
+# ---------------------------------------------------------------------------------------------
+# The README's Layout and Tests sections name every module and test file; docs/README.md every doc.
+
+CODE_FOLDERS = ("lookahead_core", "experiments", "scripts")
+
+
+def readme_section(title: str, text: str | None = None) -> str:
+    text = (ROOT / "README.md").read_text(encoding="utf-8") if text is None else text
+    match = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", text, flags=re.S | re.M)
+    assert match, f"README.md has no '## {title}' section"
+    return match.group(1)
+
+
+def unlisted_modules(files: list[str], layout: str) -> list[str]:
+    """Modules (``.py`` under the code folders, ``__init__.py`` aside) whose folder has no line in
+    ``layout`` naming the module by its file name or stem."""
+    lines = {}
+    for line in layout.splitlines():
+        folder = line.split(" ", 1)[0].strip()
+        if folder.endswith("/"):
+            lines[folder] = line
+    missing = []
+    for path in files:
+        if not path.endswith(".py") or not path.startswith(CODE_FOLDERS) or path.endswith("__init__.py"):
+            continue
+        folder, name = path.rsplit("/", 1)
+        line = lines.get(folder + "/", "")
+        if not re.search(rf"(?<![\w.]){re.escape(name[:-3])}(?:\.py)?(?![\w])", line):
+            missing.append(path)
+    return missing
+
+
+def unlisted_tests(files: list[str], tests: str) -> list[str]:
+    return [path for path in files if path.startswith("tests/") and path.endswith(".py")
+            and path.count("/") == 1 and path.rsplit("/", 1)[1] not in tests]
+
+
+def test_the_readme_layout_names_every_module_and_its_tests_section_every_test_file():
+    files = repository_files()
+    assert unlisted_modules(files, readme_section("Layout")) == []
+    assert unlisted_tests(files, readme_section("Tests")) == []
+
+
+def test_the_docs_index_links_every_doc():
+    index = (ROOT / "docs" / "README.md").read_text(encoding="utf-8")
+    linked = {m.group(1) for m in LINK_REF.finditer(index)}
+    docs = {p.name for p in (ROOT / "docs").glob("*.md") if p.name != "README.md"}
+    assert docs - linked == set()
+
+
+def test_the_layout_check_fails_on_a_module_or_test_left_out():
+    layout = "```\nlookahead_core/   the decoder: config, layout (masks), pool\nscripts/   gpu_run.py\n```\n"
+    files = ["lookahead_core/config.py", "lookahead_core/pool.py", "lookahead_core/poolside.py",
+             "lookahead_core/__init__.py", "scripts/gpu_run.py", "experiments/cli.py", "tests/test_pool.py", "tests/conftest.py"]
+    assert unlisted_modules(files, layout) == ["lookahead_core/poolside.py", "experiments/cli.py"]
+    assert unlisted_tests(files, "| `tests/test_pool.py` | the pool |") == ["tests/conftest.py"]
+    with pytest.raises(AssertionError, match="no '## Layout' section"):
+        readme_section("Layout", "# title\n## Tests\n")

@@ -13,11 +13,10 @@ from hydra import compose, initialize_config_dir
 
 from experiments.config.errors import ConfigError
 from experiments.config.schema import register_configs
-from experiments.config.settings import RunSettings, to_settings
+from experiments.config.settings import to_settings
 from experiments.data.datasets import repo_root
 from experiments.models.loader import tiny_random_model
 from lookahead_core import DecodeLimits, LookaheadConfig, decode
-from lookahead_core.config import linear_twin
 from lookahead_core.config import config_label
 from lookahead_core.cost.grid import default_grid
 from lookahead_core.layout import Draft
@@ -79,7 +78,7 @@ def arch_model(request):
 
 CONFIGS = [
     dict(window=3, ngram=3, guess=4, tree=True, sources={"toy": 2}),
-    dict(window=5, ngram=4, guess=6, prompt_pool=True, tree=True, suffix=3, recycle=3, sources={"toy": 3}),
+    dict(window=5, ngram=4, guess=6, prompt_pool=True, tree=True, sources={"suffix": 3, "recycle": 3, "toy": 3}),
     dict(window=4, ngram=4, guess=4, tree=True, sources={"toy": 4}, depth=6, budget=24),
     dict(window=3, ngram=3, guess=3, sources={"toy": 2}),                            # linear branches
     dict(window=1, ngram=4, guess=0, pool_only=True, tree=True, sources={"toy": 3}),  # the only source
@@ -116,7 +115,6 @@ def test_a_config_validates_names_and_sizes_of_sources(toy) -> None:
     plain = LookaheadConfig(window=5, ngram=4, guess=5, tree=True)
     assert config.max_tokens_per_step == plain.max_tokens_per_step + 2 * config.draft_depth
     for bad, message in [({"nope": 2}, "'nope' is not a registered source"),
-                         ({"suffix": 2}, "'suffix' is built in; set suffix=<size>"),
                          ({"toy": -1}, "toy must be an int >= 0"),
                          ({"toy": "2"}, "toy must be an int >= 0"),
                          ([("toy", 1), ("toy", 2)], "a name is given twice"),
@@ -130,7 +128,7 @@ def test_a_config_validates_names_and_sizes_of_sources(toy) -> None:
 
 
 def test_registration_refuses_taken_labels_and_built_in_removal(toy) -> None:
-    for label in ("sfx", "rc", "tree", "k", "ty"):
+    for label in ("sfx", "rc", "rw", "tree", "k", "ty"):
         with pytest.raises(ValueError, match="is taken"):
             register_source("other", label=label)(LastSeen)
     with pytest.raises(ValueError, match="identifiers"):
@@ -140,17 +138,16 @@ def test_registration_refuses_taken_labels_and_built_in_removal(toy) -> None:
     assert "other" not in SOURCES
 
 
-def test_the_name_grid_and_linear_twin_know_it(toy) -> None:
-    config = LookaheadConfig(window=5, ngram=4, guess=5, tree=True, suffix=2, sources={"toy": 3}, budget=30)
+def test_the_name_and_grid_know_it(toy) -> None:
+    config = LookaheadConfig(window=5, ngram=4, guess=5, tree=True, sources={"suffix": 2, "toy": 3}, budget=30)
     assert config_label(config) == "la_N4W5G5_tree_sfx2_ty3_k30"
     assert config_label(LookaheadConfig(window=5, ngram=4, guess=5, sources={"toy": 1})) == "la_N4W5G5_ty1"
-    assert linear_twin(config) == LookaheadConfig(window=5, ngram=4, guess=5)
     grid = default_grid()
     assert all(c in grid for c in toy_grid())
     assert len(set(map(config_label, grid))) == len(grid), "two grid configs share a name"
     unregister_source("toy")
     try:
-        assert not any(c.sources for c in default_grid())
+        assert not any(name == "toy" for c in default_grid() for name, _ in c.sources)
     finally:
         register_source("toy", label="ty", grid=toy_grid)(LastSeen)
 
@@ -160,17 +157,33 @@ def compose_config(*overrides: str):
         return compose("config", overrides=list(overrides))
 
 
-def test_the_harness_takes_it_from_yaml_and_fingerprints_it_only_when_set(toy) -> None:
+def test_the_harness_takes_it_from_yaml_and_fingerprints_it(toy) -> None:
     plain = to_settings(compose_config("experiment=mtbench", "decoding=lookahead_tree"))
     toyed = to_settings(compose_config("experiment=mtbench", "decoding=lookahead_tree", "+decoding.sources.toy=2"))
     (decoder,) = toyed.candidates
-    assert decoder.config.sources == (("toy", 2),)
+    assert decoder.config.sources == (("recycle", 4), ("suffix", 4), ("toy", 2))
     assert decoder.tag() == config_label(decoder.config) and "_ty2" in decoder.tag()
     assert toyed.results_path().name.startswith(decoder.tag() + "-")
     assert toyed.fingerprint() != plain.fingerprint()
-    assert "sources" in decoder.fingerprint()[2] and "sources" not in plain.candidates[0].fingerprint()[2]
+    assert decoder.fingerprint()[2]["sources"] == {"suffix": 4, "recycle": 4, "toy": 2}
+    assert plain.candidates[0].fingerprint()[2]["sources"] == {"suffix": 4, "recycle": 4}   # the yaml's aliases
     with pytest.raises(ConfigError, match=r"decoding.*'nope' is not a registered source"):
         to_settings(compose_config("experiment=mtbench", "decoding=lookahead_tree", "+decoding.sources.nope=2"))
+
+
+def test_the_suffix_and_recycle_keys_size_their_sources() -> None:
+    keyed = to_settings(compose_config("experiment=mtbench", "decoding=lookahead", "decoding.suffix=4",
+                                       "decoding.recycle=2", "decoding.tree=true"))
+    sourced = to_settings(compose_config("experiment=mtbench", "decoding=lookahead", "+decoding.sources.suffix=4",
+                                         "+decoding.sources.recycle=2", "decoding.tree=true"))
+    (decoder,) = keyed.candidates
+    assert decoder.config == sourced.candidates[0].config
+    assert decoder.config.sources == (("recycle", 2), ("suffix", 4)) and decoder.tag() == "la_N5W15G15_tree_sfx4_rc2"
+    assert keyed.fingerprint() == sourced.fingerprint(), "one config, one results file"
+    with pytest.raises(ConfigError, match=r"^decoding\.suffix: suffix and sources\.suffix both size"):
+        to_settings(compose_config("experiment=mtbench", "decoding=tree", "+decoding.sources.suffix=2"))
+    with pytest.raises(ConfigError, match=r"^decoding\.recycle: recycle must be an int >= 0"):
+        to_settings(compose_config("experiment=mtbench", "decoding=tree", "decoding.recycle=-1"))
 
 
 def test_plugins_import_a_module_that_registers_a_source(tmp_path, monkeypatch) -> None:
@@ -210,19 +223,4 @@ def test_the_documented_example_registers_and_decodes_losslessly() -> None:
         assert any(tag == "bigram" for tag, _ in out.stats.drafts.counts.fed)
     finally:
         unregister_source("bigram")
-
-
-def test_a_results_file_named_under_an_earlier_tag_still_resumes(tmp_path) -> None:
-    settings = to_settings(compose_config(f"results_dir={tmp_path}"))
-    path = settings.results_path()
-    assert settings.resuming() == settings, "nothing to resume: the settings stay as they are"
-    earlier = path.with_name(path.name.replace(settings.config_tag, "lookahead_w5_n4_g5", 1))
-    earlier.parent.mkdir(parents=True)
-    earlier.write_text("config\n")
-    resumed = settings.resuming()
-    assert resumed.results_path() == earlier and resumed.config_tag == "lookahead_w5_n4_g5"
-    assert resumed.fingerprint() == settings.fingerprint()
-    path.write_text("config\n")                  # a file under today's tag wins
-    assert settings.resuming() == settings
-    assert isinstance(resumed, RunSettings)
 

@@ -310,7 +310,7 @@ def test_recycle_window_refreshes_successors_from_every_window_row(monkeypatch):
     update = RecycleSource.update
     monkeypatch.setattr(RecycleSource, "update", lambda self, outcome: (seen.append(len(outcome.row_tokens)),
                                                                        update(self, outcome))[1])
-    base = LookaheadConfig(window=4, ngram=4, guess=2, tree=True, recycle=2)
+    base = LookaheadConfig(window=4, ngram=4, guess=2, tree=True, sources={"recycle": 2})
     sizes = {}
     for flag in (False, True):
         seen.clear()

@@ -211,7 +211,7 @@ def test_the_committed_rows_give_every_projection_its_s():
     sources = gpu_run.read_sources()
     paper = [s for s in sources if s["what"] == "paper"]
     auto = [s for s in sources if s["what"] == "auto"]
-    assert {s["decoder"] for s in paper} >= {"la_N5W15G15", "la_N5W15G15_pool"}
+    assert {s["decoder"] for s in paper} >= {"w16_n5", "w16_n5_pool"}
     assert {s["model"] for s in auto} == {"smollm2_135m", "qwen25_coder_05b"} and len({s["dataset"] for s in auto}) >= 6
     assert all(s["steps"] > 0 and s["S"] > 1 and s["fed"] for s in sources)
 

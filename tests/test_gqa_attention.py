@@ -18,7 +18,7 @@ from lookahead_core.model_io import GQA_SDPA, gqa_sdpa_attention
 
 PROMPT = [5, 17, 3, 99, 42, 7, 5, 17, 3, 99, 8, 61, 23, 5, 17]
 CONFIGS = [LookaheadConfig(window=4, ngram=3, guess=4, prompt_pool=True),
-           LookaheadConfig(window=3, ngram=3, guess=3, tree=True, suffix=2, budget=20)]
+           LookaheadConfig(window=3, ngram=3, guess=3, tree=True, sources={"suffix": 2}, budget=20)]
 
 
 @pytest.fixture

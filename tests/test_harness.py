@@ -239,7 +239,8 @@ def test_auto_learns_acceptance_online_and_a_second_job_reuses_curve_pick_and_ac
         return out
 
     monkeypatch.setattr(lookahead_core, "decode", spy)
-    grid = [lookahead_core.LookaheadConfig(ngram=4, guess=0, pool_only=True, tree=True, suffix=2, depth=6, budget=7)]
+    grid = [lookahead_core.LookaheadConfig(ngram=4, guess=0, pool_only=True, tree=True, sources={"suffix": 2},
+                                           depth=6, budget=7)]
     choose = cost_model.choose_config
     chosen: list = []
 
@@ -622,8 +623,7 @@ def test_medusa_decoders_load_their_heads_and_match_greedy_or_say_how_to_train_t
     assert df[~df["baseline"]]["matches_greedy"].all()
     assert json.loads(df[df["decoder"] == "medusa"]["params"].iloc[0])["sources"] == [["medusa", 15]]
     monkeypatch.setenv("LOOKAHEAD_CACHE", str(tmp_path / "empty"))
-    with pytest.raises(ValueError, match=r"no Medusa heads for tiny_llama at .*experiments.presets.medusa train "
-                                         r"--model tiny_llama"):
+    with pytest.raises(ValueError, match=r"no Medusa heads for tiny_llama at .*experiments.tools.medusa model=tiny_llama"):
         run(tmp_path / "again", *MTBENCH, "decoders=[medusa]")
     with pytest.raises(ValueError, match="heads: .* holds no Medusa heads"):
         run(tmp_path / "bad", *MTBENCH, f"decoders=[{{use:medusa,heads:'{tmp_path / 'nowhere'}'}}]")

@@ -91,8 +91,8 @@ def test_lookahead_on_a_swapped_model_equals_its_greedy(arch):
     limits = DecodeLimits(48, ())
     greedy = decode(model, prompt, None, limits).tokens
     for config in (LookaheadConfig(window=2, ngram=3, guess=2), LookaheadConfig(window=5, ngram=4, guess=5),
-                   LookaheadConfig(window=3, ngram=3, guess=3, prompt_pool=True, tree=True, suffix=2, recycle=2,
-                               budget=12)):
+                   LookaheadConfig(window=3, ngram=3, guess=3, prompt_pool=True, tree=True,
+                                   sources={"suffix": 2, "recycle": 2}, budget=12)):
         assert decode(model, prompt, config, limits).tokens == greedy, config
 
 

@@ -137,7 +137,7 @@ def test_every_entry_point_names_a_callable():
     import tomllib
 
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    assert {"lookahead-run", "lookahead-report", "lookahead-benchmark"} <= set(scripts)
+    assert {"lookahead-run", "lookahead-report", "lookahead-lineup"} <= set(scripts)
     for name, target in scripts.items():
         module, _, attribute = target.partition(":")
         assert callable(getattr(importlib.import_module(module), attribute)), name

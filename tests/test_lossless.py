@@ -50,22 +50,23 @@ def test_grid_equals_greedy(arch_model):
 # Token trees: merged prefixes, every draft source, budgets from tiny to none, deep drafts.
 TREE_GRID = [
     LookaheadConfig(3, 3, 4, prompt_pool=True, tree=True),
-    LookaheadConfig(6, 5, 12, prompt_pool=True, tree=True, suffix=3, recycle=3),
-    LookaheadConfig(4, 4, 6, tree=True, recycle=4, budget=20),
-    LookaheadConfig(5, 5, 5, prompt_pool=True, tree=True, suffix=4, recycle=4, recycle_window=True, depth=6, budget=30),
-    LookaheadConfig(3, 3, 4, prompt_pool=True, suffix=2, recycle=2),               # sources, linear branches
-    LookaheadConfig(ngram=3, guess=4, pool_only=True, tree=True, suffix=4),
-    LookaheadConfig(ngram=4, guess=0, pool_only=True, tree=True, suffix=3, depth=7),
-    LookaheadConfig(ngram=4, guess=0, pool_only=True, tree=True, recycle=4, depth=5),
-    LookaheadConfig(ngram=5, guess=8, pool_only=True, tree=True, suffix=4, recycle=4, budget=2),
-    LookaheadConfig(ngram=5, guess=8, pool_only=True, tree=True, suffix=4, recycle=4, budget=9),
-    LookaheadConfig(ngram=2, guess=3, pool_only=True, tree=True, suffix=1, recycle=1, depth=1),
-    LookaheadConfig(ngram=4, guess=0, pool_only=True, tree=True, suffix=1, depth=10),       # auto's deep suffix trees
-    LookaheadConfig(ngram=4, guess=0, pool_only=True, tree=True, suffix=4, depth=10, budget=12),
+    LookaheadConfig(6, 5, 12, prompt_pool=True, tree=True, sources={"suffix": 3, "recycle": 3}),
+    LookaheadConfig(4, 4, 6, tree=True, sources={"recycle": 4}, budget=20),
+    LookaheadConfig(5, 5, 5, prompt_pool=True, tree=True, sources={"suffix": 4, "recycle": 4}, recycle_window=True,
+                    depth=6, budget=30),
+    LookaheadConfig(3, 3, 4, prompt_pool=True, sources={"suffix": 2, "recycle": 2}),   # sources, linear branches
+    LookaheadConfig(ngram=3, guess=4, pool_only=True, tree=True, sources={"suffix": 4}),
+    LookaheadConfig(ngram=4, guess=0, pool_only=True, tree=True, sources={"suffix": 3}, depth=7),
+    LookaheadConfig(ngram=4, guess=0, pool_only=True, tree=True, sources={"recycle": 4}, depth=5),
+    LookaheadConfig(ngram=5, guess=8, pool_only=True, tree=True, sources={"suffix": 4, "recycle": 4}, budget=2),
+    LookaheadConfig(ngram=5, guess=8, pool_only=True, tree=True, sources={"suffix": 4, "recycle": 4}, budget=9),
+    LookaheadConfig(ngram=2, guess=3, pool_only=True, tree=True, sources={"suffix": 1, "recycle": 1}, depth=1),
+    LookaheadConfig(ngram=4, guess=0, pool_only=True, tree=True, sources={"suffix": 1}, depth=10),   # auto's deep ones
+    LookaheadConfig(ngram=4, guess=0, pool_only=True, tree=True, sources={"suffix": 4}, depth=10, budget=12),
     # Cost-aware trees: a CPU-like curve (2-3 token steps dear, 4 cheap) and a GPU-like flat one.
-    LookaheadConfig(ngram=4, guess=4, pool_only=True, tree=True, suffix=4, recycle=4, depth=6, budget=8,
-                    step_costs=(1.0, 2.0, 2.6, 1.7, 1.9, 1.9, 2.0, 2.1)),
-    LookaheadConfig(5, 4, 4, prompt_pool=True, tree=True, suffix=2, recycle=2, budget=24,
+    LookaheadConfig(ngram=4, guess=4, pool_only=True, tree=True, sources={"suffix": 4, "recycle": 4}, depth=6,
+                    budget=8, step_costs=(1.0, 2.0, 2.6, 1.7, 1.9, 1.9, 2.0, 2.1)),
+    LookaheadConfig(5, 4, 4, prompt_pool=True, tree=True, sources={"suffix": 2, "recycle": 2}, budget=24,
                     step_costs=tuple(1.0 + 0.01 * k for k in range(24))),
 ]
 
@@ -192,7 +193,7 @@ def test_all_accept_tree_reaches_n_tokens_per_step(llama, budget):
     prompt = repetitive_prompt(llama.config.vocab_size, seed=8)
     reference = greedy(llama, prompt)
     n = 5
-    config = LookaheadConfig(ngram=n, guess=64, pool_only=True, tree=True, recycle=3, budget=budget)
+    config = LookaheadConfig(ngram=n, guess=64, pool_only=True, tree=True, sources={"recycle": 3}, budget=budget)
     out = decode(llama, prompt, config, DecodeLimits(max_new_tokens=NEW),
                  state=DecodeState.with_pool(true_pool(prompt, reference, n)))
     assert out.tokens == reference
@@ -208,7 +209,7 @@ def test_suffix_source_accepts_whole_drafts_on_a_loop(llama):
     prompt = repetitive_prompt(llama.config.vocab_size, seed=2)
     reference = greedy(llama, prompt, DecodeLimits(max_new_tokens=64))
     for tree in (True, False):
-        config = LookaheadConfig(ngram=2, guess=0, pool_only=True, tree=tree, suffix=2, depth=7)
+        config = LookaheadConfig(ngram=2, guess=0, pool_only=True, tree=tree, sources={"suffix": 2}, depth=7)
         out = decode(llama, prompt, config, DecodeLimits(max_new_tokens=64))
         assert out.tokens == reference and out.stats.accepted[-3:-1] == [8, 8]
         assert out.stats.drafts.counts.table()[0]["source"] == "suffix"
@@ -256,7 +257,7 @@ def test_eos_and_max_tokens_inside_an_accepted_run(llama):
         cut = decode(llama, prompt, config, DecodeLimits(max_new_tokens=limit),
                      state=DecodeState.with_pool(true_pool(prompt, reference, 5)))
         assert cut.tokens == reference[:limit]
-    tree = LookaheadConfig(ngram=5, guess=64, pool_only=True, tree=True, recycle=2, budget=10)
+    tree = LookaheadConfig(ngram=5, guess=64, pool_only=True, tree=True, sources={"recycle": 2}, budget=10)
     stop = decode(llama, prompt, tree, DecodeLimits(max_new_tokens=NEW, eos_token_ids=(eos,)),
                   state=DecodeState.with_pool(true_pool(prompt, reference, 5)))
     assert stop.tokens == reference[: eos_at + 1] and max(stop.stats.accepted) == 5
@@ -290,7 +291,8 @@ def test_prompt_shorter_than_the_window(llama):
 
 
 @pytest.mark.parametrize("config", [LookaheadConfig(4, 3, 4, prompt_pool=True),
-                                    LookaheadConfig(4, 3, 4, prompt_pool=True, tree=True, suffix=2, recycle=2, budget=24)],
+                                    LookaheadConfig(4, 3, 4, prompt_pool=True, tree=True,
+                                                    sources={"suffix": 2, "recycle": 2}, budget=24)],
                          ids=["linear", "tree"])
 def test_second_turn_reuses_the_cache_and_equals_a_fresh_decode(llama, config):
     limits = DecodeLimits(max_new_tokens=24)

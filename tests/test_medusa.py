@@ -5,6 +5,8 @@ reason), and the training command trains, saves and resumes."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Sequence
 
 import pytest
@@ -21,8 +23,8 @@ NEW = 40
 MEDUSA = LookaheadConfig(window=1, ngram=4, guess=0, pool_only=True, tree=True, depth=4, sources={"medusa": 12})
 CONFIGS = [
     MEDUSA,                                                                  # heads alone (decoding=medusa)
-    LookaheadConfig(window=1, ngram=4, guess=4, pool_only=True, tree=True, suffix=4, recycle=4, depth=4,
-                    budget=10, sources={"medusa": 8}),                      # mixed with every source, a budget
+    LookaheadConfig(window=1, ngram=4, guess=4, pool_only=True, tree=True, depth=4,
+                    budget=10, sources={"medusa": 8, "suffix": 4, "recycle": 4}),   # mixed with every source, a budget
     LookaheadConfig(window=4, ngram=4, guess=4, tree=True, depth=3, sources={"medusa": 6}),   # beside a window
 ]
 
@@ -90,8 +92,8 @@ class HiddenSpy:
         HiddenSpy.seen.append((list(outcome.context), outcome.hidden.clone()))
 
 
-@pytest.mark.parametrize("config", [dict(window=1, ngram=3, guess=3, pool_only=True, tree=True, suffix=3),
-                                    dict(window=4, ngram=4, guess=4, prompt_pool=True, tree=True)],
+@pytest.mark.parametrize("config", [dict(window=1, ngram=3, guess=3, pool_only=True, tree=True, sources={"suffix": 3}),
+                                    dict(window=4, ngram=4, guess=4, prompt_pool=True, tree=True, sources={})],
                          ids=["pool-suffix", "window"])
 def test_each_step_drafts_from_the_hidden_state_that_predicted_its_last_token(config):
     """The hidden state handed over after a step is the model's last hidden state at the token before
@@ -101,7 +103,7 @@ def test_each_step_drafts_from_the_hidden_state_that_predicted_its_last_token(co
         HiddenSpy.seen = []
         model = tiny_random_model("llama", seed=5)
         prompt = [3, 4, 5, 6, 3, 4, 5, 6, 3, 4, 5, 6, 7, 8, 3, 4]
-        out = decode(model, prompt, LookaheadConfig(**config, sources={"spy": 1}), DecodeLimits(max_new_tokens=30))
+        out = decode(model, prompt, LookaheadConfig(**{**config, "sources": {**config["sources"], "spy": 1}}), DecodeLimits(max_new_tokens=30))
         assert max(out.stats.accepted) > 1, "no multi-token step: the row choice was not exercised"
         assert len(HiddenSpy.seen) == out.stats.steps + 1            # the prefill's, then one per step
         with torch.inference_mode():
@@ -282,13 +284,13 @@ def test_medusa_is_a_registered_source_named_in_labels():
 # Training
 
 
-def test_training_saves_heads_with_their_curve_and_accuracy_and_resumes(tmp_path, capsys):
-    from experiments.presets import medusa as preset
+def test_training_saves_heads_with_their_curve_and_accuracy_and_resumes(tmp_path, capsys, monkeypatch):
+    from experiments.tools import medusa as preset
 
     out = tmp_path / "heads"
-    args = ["train", "--model", "tiny_llama", "--out", str(out), "--tokens", "6000", "--batch", "64",
-            "--eval-every", "3", "--heads", "3"]
-    preset.main(args + ["--steps", "6"])
+    args = ["medusa", "model=tiny_llama", f"out={out}", "tokens=6000", "batch=64", "eval_every=3", "heads=3"]
+    monkeypatch.setattr(sys, "argv", args + ["steps=6"])
+    preset.main()
     config = json.loads((out / "config.json").read_text())
     assert config["medusa_num_heads"] == 3 and config["shared_lm_head"]
     assert len(config["accuracy"]) == 3 and all(len(row) == 10 and sum(row) <= 1 + 1e-6 for row in config["accuracy"])
@@ -299,7 +301,8 @@ def test_training_saves_heads_with_their_curve_and_accuracy_and_resumes(tmp_path
     assert len(curve) == 1 + 6 and "heldout_top1_3" in curve[0] and (out / "curve.png").stat().st_size > 0
     shards = {p.name: p.stat().st_mtime_ns for p in (out / "work").rglob("shard_*.pt")}
     capsys.readouterr()
-    preset.main(args + ["--steps", "9"])
+    monkeypatch.setattr(sys, "argv", args + ["steps=9"])
+    preset.main()
     assert "resuming at step 6 of 9" in capsys.readouterr().out
     assert len((out / "curve.csv").read_text().splitlines()) == 1 + 9
     assert {p.name: p.stat().st_mtime_ns for p in (out / "work").rglob("shard_*.pt")} == shards   # cached once
@@ -311,8 +314,20 @@ def test_training_saves_heads_with_their_curve_and_accuracy_and_resumes(tmp_path
         decode(model, prompt, None, DecodeLimits(max_new_tokens=20)).tokens
 
 
+@pytest.mark.parametrize("override, key", [("token=6000", "token"), ("tokens=-5", "tokens"), ("lr=fast", "lr"),
+                                           ("model=nowhere", "model")])
+def test_a_bad_training_config_is_refused_in_one_line_naming_the_key(override, key):
+    """Before torch loads: one line, exit 2."""
+    from experiments.data.datasets import repo_root
+
+    done = subprocess.run([sys.executable, "-m", "experiments.tools.medusa", override], cwd=repo_root(),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.startswith("error: ") and key in done.stderr and done.stderr.count("\n") == 1, done.stderr
+
+
 def test_the_corpus_is_the_standard_library_code_then_its_docstrings():
-    from experiments.presets.medusa import docstrings, stdlib_files
+    from experiments.tools.medusa import docstrings, stdlib_files
 
     files = stdlib_files(0)
     assert files == stdlib_files(0) and files != stdlib_files(1)
@@ -322,21 +337,29 @@ def test_the_corpus_is_the_standard_library_code_then_its_docstrings():
     assert docs == ["A module docstring that is long enough to be kept by the corpus filter, surely, at 80+ chars."]
 
 
-def test_the_benchmark_preset_runs_medusa_configs_and_collect_tabulates_them(tmp_path, monkeypatch):
-    from experiments.presets import benchmark
+def test_a_job_runs_medusa_configs_and_the_report_tabulates_them(tmp_path, monkeypatch):
+    from hydra import compose, initialize_config_dir
+
+    from experiments.config.schema import register_configs
+    from experiments.data.datasets import repo_root
+    from experiments.job import runner
     from experiments.models.heads import heads_dir
-    from experiments.presets.medusa import collect
+    from experiments.reporting.medusa import collect
     from conftest import DATA_ROOT
 
     monkeypatch.setenv("LOOKAHEAD_CACHE", str(tmp_path / "cache"))
     save_heads(for_model(tiny_random_model("llama"), 4), heads_dir("tiny_llama"))
-    tree = "window=1,ngram=4,guess=4,pool_only=1,prompt_pool=1,tree=1,suffix=4,recycle=4,depth=6,budget=8"
+    core = "use:lookahead,window:1,ngram:4,guess:0,pool_only:true,tree:true,depth:4"
+    decoders = f"[hf_pld,greedy,{{{core},name:md7,sources:{{medusa:7}}}},{{use:tree,budget:8}},medusa_tree]"
     threads = torch.get_num_threads()
+    register_configs()
     try:
-        benchmark.main(["run", "--model", "tiny-llama", "--dataset", "mtbench", "--limit", "2", "--data-root",
-                        str(DATA_ROOT), "--max-new-tokens", "16", "--configs", "--pool-only", "--prompt-lookup", "3",
-                        "--core", "window=1,ngram=4,guess=0,pool_only=1,tree=1,depth=4,medusa=7", tree,
-                        tree + ",medusa=8", "--threads", "1", "--warmup", "0", "--out", str(tmp_path / "runs" / "a")])
+        with initialize_config_dir(config_dir=str(repo_root() / "conf"), version_base="1.3"):
+            cfg = compose("config", overrides=["model=tiny_llama", "experiment=mtbench", "dataset.limit=2",
+                                               f"data_root={DATA_ROOT}", "experiment.max_new_tokens=16",
+                                               f"decoders={decoders}", "baseline=hf_greedy", "threads=1",
+                                               "warmup=0", f"results_dir={tmp_path / 'runs' / 'a'}"])
+        runner.run(cfg)
     finally:
         torch.set_num_threads(threads)
     text = collect(tmp_path / "runs")

@@ -1,12 +1,13 @@
-"""The cost model of lookahead parallelism (experiments/presets/parallel.py) on hand-made inputs:
-the split's load, the all-gather fit, a step's predicted time and the P = 1..8 projection."""
+"""The cost model of lookahead parallelism (experiments/reporting/parallel.py) on hand-made inputs:
+the split's load, the all-gather fit, a step's predicted time and the P = 1..8 projection; and its
+measurements (experiments/tools/parallel.py) under torchrun."""
 
 from __future__ import annotations
 
 import pandas as pd
 import pytest
 
-from experiments.presets.parallel import AllGather, project, rank_load, step_seconds
+from experiments.reporting.parallel import AllGather, project, rank_load, step_seconds
 from lookahead_core.cost.curve import CostModel
 from lookahead_core.layout import chains, step_layout
 
@@ -117,8 +118,8 @@ def test_measure_writes_every_piece_on_two_ranks(tmp_path) -> None:
         port = s.getsockname()[1]
     out = tmp_path / "measured.json"
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-               "--master-port", str(port), "-m", "experiments.presets.parallel", "measure", "--model", "tiny-llama",
-               "--kv-length", "16", "--repeats", "1", "--out", str(out)]
+               "--master-port", str(port), "-m", "experiments.tools.parallel", "model=tiny_llama",
+               "kv_length=16", "repeats=1", f"out={out}"]
     done = subprocess.run(command, cwd=repo_root(), capture_output=True, text=True, timeout=300,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
@@ -128,3 +129,18 @@ def test_measure_writes_every_piece_on_two_ranks(tmp_path) -> None:
     assert len(record["all_gather"]) == 15 and record["all_gather_fit"]["beta"] > 0
     assert [(r["W"], r["accepted"]) for r in record["refeed_vs_copy"]] == [(w, a) for w in (7, 15, 31) for a in (1, 2, 3, 4)]
     assert all(r["copy_s"] > 0 for r in record["refeed_vs_copy"])
+
+
+@pytest.mark.parametrize("override, key", [("kv_lenght=16", "kv_lenght"), ("backend=mpi", "backend"),
+                                           ("repeats=0", "repeats"), ("sizes=[0,4]", "sizes")])
+def test_a_bad_measure_config_is_refused_in_one_line_naming_the_key(override: str, key: str) -> None:
+    """Before torch loads, on the command line the ranks parse: one line, exit 2."""
+    import subprocess
+    import sys
+
+    from experiments.data.datasets import repo_root
+
+    done = subprocess.run([sys.executable, "-m", "experiments.tools.parallel", override], cwd=repo_root(),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.startswith(f"error: {key}: ") and done.stderr.count("\n") == 1, done.stderr

@@ -216,7 +216,8 @@ def test_agree_outlasts_a_rank_0_busy_longer_than_the_collective_timeout() -> No
 # -- finding 4: the cost model measures the job's backend ----------------------------------------
 
 def test_measure_uses_nccl_on_gpus_and_gloo_on_cpus(monkeypatch, tmp_path) -> None:
-    from experiments.presets import parallel as preset
+    from experiments.tools import app
+    from experiments.tools import parallel as tool
 
     class Stop(Exception):
         pass
@@ -230,15 +231,17 @@ def test_measure_uses_nccl_on_gpus_and_gloo_on_cpus(monkeypatch, tmp_path) -> No
     monkeypatch.setattr(parallel, "init", init)
     for device in ("cuda", "cpu"):
         with pytest.raises(Stop):
-            preset.measure(tmp_path / "measured.json", "tiny-llama", 16, 1, device=device)
+            tool.measure(app.settings("parallel", [f"out={tmp_path / 'measured.json'}", "model=tiny_llama", "kv_length=16",
+                                                   "repeats=1", f"device={device}"], tool.check))
     assert backends == ["nccl", "gloo"]
     with pytest.raises(Stop):
-        preset.measure(tmp_path / "measured.json", "tiny-llama", 16, 1, device="cuda", backend="gloo")
+        tool.measure(app.settings("parallel", [f"out={tmp_path / 'measured.json'}", "model=tiny_llama", "kv_length=16",
+                                               "repeats=1", "device=cuda", "backend=gloo"], tool.check))
     assert backends == ["nccl", "gloo", "gloo"]
 
 
 def test_measured_all_gathers_stay_on_the_device_under_nccl(monkeypatch) -> None:
-    from experiments.presets.parallel import all_gather_seconds
+    from experiments.tools.parallel import all_gather_seconds
 
     sent = []
     monkeypatch.setattr(dist, "barrier", lambda group=None: None)

@@ -50,8 +50,9 @@ def gpt2():
 
 @pytest.mark.parametrize("config", [
     LookaheadConfig(5, 4, 5, prompt_pool=True), LookaheadConfig(3, 5, 3), LookaheadConfig(ngram=4, guess=4, pool_only=True),
-    LookaheadConfig(4, 4, 4, prompt_pool=True, tree=True, suffix=2, recycle=2, depth=6),
-    LookaheadConfig(ngram=4, guess=2, pool_only=True, tree=True, suffix=3, recycle=3, depth=8, budget=12),
+    LookaheadConfig(4, 4, 4, prompt_pool=True, tree=True, sources={"suffix": 2, "recycle": 2}, depth=6),
+    LookaheadConfig(ngram=4, guess=2, pool_only=True, tree=True, sources={"suffix": 3, "recycle": 3}, depth=8,
+                    budget=12),
 ])
 def test_gpt2_at_its_position_limit_equals_generate(gpt2, config):
     prompt = [5, 17, 3, 99, 42, 8, 61, 5, 17, 3]

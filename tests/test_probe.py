@@ -69,11 +69,11 @@ def test_which_configs_branch():
     assert branching(LookaheadConfig(window=2, ngram=2, guess=1))         # window row and a candidate
     assert not branching(LookaheadConfig(window=1, ngram=2, guess=1))     # N=2: the window has no rows
     # Draft sources of token trees: one draft per step is a chain, more may branch.
-    assert not branching(LookaheadConfig(guess=0, suffix=1, pool_only=True, tree=True))
-    assert not branching(LookaheadConfig(guess=0, recycle=1, pool_only=True, tree=True))
-    assert branching(LookaheadConfig(guess=0, suffix=2, pool_only=True, tree=True))
-    assert branching(LookaheadConfig(guess=0, recycle=2, pool_only=True, tree=True))
-    assert branching(LookaheadConfig(guess=1, suffix=1, pool_only=True, tree=True))
+    assert not branching(LookaheadConfig(guess=0, sources={"suffix": 1}, pool_only=True, tree=True))
+    assert not branching(LookaheadConfig(guess=0, sources={"recycle": 1}, pool_only=True, tree=True))
+    assert branching(LookaheadConfig(guess=0, sources={"suffix": 2}, pool_only=True, tree=True))
+    assert branching(LookaheadConfig(guess=0, sources={"recycle": 2}, pool_only=True, tree=True))
+    assert branching(LookaheadConfig(guess=1, sources={"suffix": 1}, pool_only=True, tree=True))
 
 
 def test_the_probe_runs_once_per_model(monkeypatch):

@@ -74,8 +74,10 @@ def test_prompt_pool_and_pool_only_on_code(smollm2):
 # Token trees on real weights: 20 MT-Bench first turns and 20 HumanEval problems, identical to
 # transformers' generate(do_sample=False). Short answers keep CI time modest.
 TREE_CONFIGS = [
-    LookaheadConfig(ngram=4, guess=4, pool_only=True, tree=True, suffix=4, recycle=4, depth=6, budget=8),
-    LookaheadConfig(window=4, ngram=4, guess=4, prompt_pool=True, tree=True, suffix=2, recycle=2, budget=24),
+    LookaheadConfig(ngram=4, guess=4, pool_only=True, tree=True, sources={"suffix": 4, "recycle": 4}, depth=6,
+                    budget=8),
+    LookaheadConfig(window=4, ngram=4, guess=4, prompt_pool=True, tree=True, sources={"suffix": 2, "recycle": 2},
+                    budget=24),
 ]
 TREE_TOKENS = 32
 

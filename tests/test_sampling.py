@@ -15,8 +15,10 @@ VOCAB, DEPTH, DRAWS = 5, 3, 2000
 PROMPT = [0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 2, 3]          # every token, repeated: the prompt pool has candidates
 LOOKAHEAD = LookaheadConfig(window=3, ngram=3, guess=8, prompt_pool=True)
 # Token trees from every source: merged prefixes, suffix matches, recycled successors, a budget.
-TREE = LookaheadConfig(window=3, ngram=3, guess=8, prompt_pool=True, tree=True, suffix=3, recycle=3, depth=3)
-TREE_BUDGET = LookaheadConfig(window=1, ngram=3, guess=4, pool_only=True, tree=True, suffix=2, recycle=3, budget=6)
+TREE = LookaheadConfig(window=3, ngram=3, guess=8, prompt_pool=True, tree=True, sources={"suffix": 3, "recycle": 3},
+                       depth=3)
+TREE_BUDGET = LookaheadConfig(window=1, ngram=3, guess=4, pool_only=True, tree=True,
+                              sources={"suffix": 2, "recycle": 3}, budget=6)
 
 
 @pytest.fixture(scope="module")

@@ -156,8 +156,9 @@ CONFIGS = {
     "greedy": None,
     "lookahead_w4_n3_g4_pool": LookaheadConfig(window=4, ngram=3, guess=4, prompt_pool=True),
     "pool_only_n4_g4": LookaheadConfig(window=1, ngram=4, guess=4, pool_only=True),
-    "tree_suffix": LookaheadConfig(window=3, ngram=3, guess=3, tree=True, suffix=2, budget=24),
-    "recycle": LookaheadConfig(window=1, ngram=4, guess=0, pool_only=False, recycle=4, tree=True, budget=16),
+    "tree_suffix": LookaheadConfig(window=3, ngram=3, guess=3, tree=True, sources={"suffix": 2}, budget=24),
+    "recycle": LookaheadConfig(window=1, ngram=4, guess=0, pool_only=False, sources={"recycle": 4}, tree=True,
+                               budget=16),
 }
 
 

@@ -66,7 +66,7 @@ class ModelConfig:
     spec: str = MISSING                    # offline name, tiny-<arch>, local folder or hub id
     dtype: DType = DType.float32
     attn_implementation: Attention = Attention.sdpa
-    linear: LinearKernel = LinearKernel.auto
+    linear: LinearKernel = LinearKernel.stock   # PyTorch as shipped; stream/auto: this project's CPU kernel (docs/cpu_kernels.md)
     # For a model larger than one device: passed to from_pretrained (auto, balanced, balanced_low_0,
     # sequential, or one device such as cpu or cuda:1; needs accelerate), the model is not moved after.
     # None: the whole model on `device`.
@@ -93,11 +93,15 @@ class ExperimentConfig:
 
 @dataclass
 class DatasetConfig:
-    """Which items: ``[offset : offset + limit]`` of the adapter's list, first ``turns`` turns each."""
+    """Which items: from ``offset`` on, every ``every``-th item of the adapter's list, ``limit`` of
+    them (``[offset : offset + limit]`` when ``every`` is 1), first ``turns`` turns each."""
 
     name: str = MISSING
     limit: Optional[int] = None
     offset: int = 0
+    # Every K-th item from offset (items spread over a file's categories, e.g. MT-Bench's 8 blocks of 10).
+    # auto's calibration items then default to those right after the first one (settings.to_settings).
+    every: int = 1
     turns: Optional[int] = None            # None: every turn the item has (MT-Bench: 2)
     prompt_format: Optional[PromptFormat] = None   # None: the adapter's own format
     source: DataSource = DataSource.local   # auto: the hub when the file is missing (needs internet)

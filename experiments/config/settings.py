@@ -185,55 +185,35 @@ class RunSettings:
         """Hash of every setting that changes a result row, except the seed and the item subset.
 
         It names the results file, so a rerun of the same command resumes it and a run with other
-        settings (``max_new_tokens``, dtype, ...) never mixes its rows into it.
+        settings (``max_new_tokens``, dtype, the linear kernel, ...) never mixes its rows into it.
+        Left out: what only names or finds things (the model's name, cache and packages) and how
+        generated code is sandboxed (same verdicts).
         """
-        skip = ("name", "cache_dir", "packages", "install", "linear", "prompt_template", "device_map")
+        skip = ("name", "cache_dir", "packages", "install")
         payload = {
             "model": {k: _plain(v) for k, v in asdict(self.model).items() if k not in skip},
             "experiment": self.experiment,
             "dataset": [self.dataset.name, self.dataset.options, self.prompt_format.value,
                         self.dataset.source.value, self.dataset.categories, self.dataset.order.value],
             "decoders": [d.fingerprint() for d in self.decoders],
-            "sampling": [self.sampling.temperature, self.sampling.top_k, self.sampling.top_p],
+            "sampling": [self.sampling.temperature, self.sampling.top_k, self.sampling.top_p, self.item_temperature],
             "limits": [self.limits.max_new_tokens, list(self.limits.stop_strings)],
             # the chip, not the device string: a "cuda" run on an A100 and one on an H100 differ
-            "run": [self.device_name or self.device, self.repeats, self.threads, self.score],
+            "run": [self.device_name or self.device, self.repeats, self.threads, self.score, self.batch_size],
+            "parallel": [self.ranks, self.backend],   # timings of P ranks never share a file with one process's
         }
-        if self.model.linear is not LinearKernel.stock:   # left out for stock: files from before the knob keep their names
-            payload["linear"] = self.model.linear.value
-        if self.item_temperature:
-            payload["item_temperature"] = True
-        if self.model.device_map is not None:   # left out when unset, so earlier files keep their names
-            payload["device_map"] = self.model.device_map
-        if self.model.prompt_template is not None:   # left out when unset, so earlier files keep their names
-            payload["prompt_template"] = self.model.prompt_template
-        if self.batch_size != 1:   # left out at 1, so files written before the knob keep their names
-            payload["batch_size"] = self.batch_size
-        if self.ranks != 1:        # timings of P ranks never share a file with one process's
-            payload["parallel"] = [self.ranks, self.backend]
         blob = json.dumps(payload, sort_keys=True, default=str)
         # The "h" stops CSV readers from parsing a hash such as "951e9898" as a number.
         return "h" + hashlib.sha1(blob.encode()).hexdigest()[:8]
 
     def results_path(self) -> Path:
-        if self.results_file is not None:
-            return self.results_file
-        return self.results_dir / self.experiment / self.model.name / f"{self.config_tag}{self._file_suffix()}"
-
-    def _file_suffix(self) -> str:
-        return f"-{self.fingerprint()}-s{self.seed}.csv"
-
-    def resuming(self) -> RunSettings:
-        """These settings under the tag of the results file they resume. The fingerprint identifies
-        a run; the tag only makes its name readable: a file named under an earlier tag
-        (``lookahead_w7_n5_g7`` before ``la_N5W7G7``) still resumes, and its new rows carry its tag
-        in their ``config`` column, as the rows already there do."""
-        path = self.results_path()
-        if self.results_file is not None or path.exists():
-            return self
-        suffix = self._file_suffix()
-        earlier = sorted(path.parent.glob(f"*{suffix}"))
-        return replace(self, config_tag=earlier[0].name[:-len(suffix)]) if earlier else self
+        """``results_file``, else ``<results_dir>/<experiment>/<model>/<tag>-<fingerprint>-s<seed>.csv``;
+        its gzip form ``.csv.gz`` where only that exists (committed results are kept compressed; they resume as
+        they are)."""
+        plain = self.results_file or (self.results_dir / self.experiment / self.model.name
+                                      / f"{self.config_tag}-{self.fingerprint()}-s{self.seed}.csv")
+        packed = plain.with_name(plain.name + ".gz")
+        return packed if packed.exists() and not plain.exists() else plain
 
 
 def _plain(value: Any) -> Any:
@@ -283,9 +263,10 @@ def to_settings(cfg: DictConfig, *, device: str | None = None) -> RunSettings:
     _check(dataset.name in DATASETS, "dataset.name", f"one of {sorted(DATASETS)}", dataset.name)
     _check(dataset.limit is None or dataset.limit >= 0, "dataset.limit", ">= 0 or null", dataset.limit)
     _check(dataset.offset >= 0, "dataset.offset", ">= 0", dataset.offset)
+    _check(dataset.every >= 1, "dataset.every", ">= 1", dataset.every)
     _check(dataset.turns is None or dataset.turns >= 1, "dataset.turns", ">= 1 or null", dataset.turns)
 
-    listed = _decoders(run)
+    listed = [(_calibrating_apart(decoder, dataset), job) for decoder, job in _decoders(run)]
     sampling_keys = {tuple(getattr(job, k) for k in SAMPLING_KEYS) for _, job in listed}
     if len(sampling_keys) > 1:
         raise ConfigError(f"decoders: all decoders of a job share one temperature/top_k/top_p/item_temperature "
@@ -443,12 +424,15 @@ def check_installed(settings: RunSettings) -> None:
                           "model with it); run: pip install accelerate")
 
 
-def load_items(settings: RunSettings, adapter: DatasetAdapter, limit: int | None, offset: int) -> list[Item]:
-    """The job's items ``[offset : offset + limit]`` after its category filter and order."""
+def load_items(settings: RunSettings, adapter: DatasetAdapter, limit: int | None, offset: int,
+               every: int = 1) -> list[Item]:
+    """The job's items after its category filter and order: from ``offset`` on, every ``every``-th,
+    ``limit`` of them (``[offset : offset + limit]`` for ``every`` 1)."""
     dataset = settings.dataset
+    span = limit if limit is None or limit == 0 else (limit - 1) * every + 1   # the items the last one needs
     try:
-        return adapter.load(settings.data_root, limit, offset, dataset.source.value,
-                            categories=dataset.categories, order=dataset.order.value, seed=settings.seed)
+        return adapter.load(settings.data_root, span, offset, dataset.source.value,
+                            categories=dataset.categories, order=dataset.order.value, seed=settings.seed)[::every]
     except FileNotFoundError as err:
         raise ConfigError(str(err)) from None
     except ValueError as err:
@@ -481,8 +465,9 @@ def plan(cfg: DictConfig) -> tuple[RunSettings, DatasetAdapter, list[Item]]:
     if settings.ranks > 1:
         settings = replace(settings, backend=check_parallel_backend(settings))
     adapter = get_dataset(settings.dataset.name, **settings.dataset.options)
-    items = load_items(settings, adapter, settings.dataset.limit, settings.dataset.offset)
+    items = load_items(settings, adapter, settings.dataset.limit, settings.dataset.offset, settings.dataset.every)
     _check_prompt_format(items, settings.prompt_format)
+    _check_calibration(settings, adapter, items)
     if settings.item_temperature and not any("temperature" in item.extra for item in items):
         raise ConfigError(f"decoding.item_temperature: {settings.dataset.name} items carry no temperature "
                           "(only mtbench does)")
@@ -492,6 +477,38 @@ def plan(cfg: DictConfig) -> tuple[RunSettings, DatasetAdapter, list[Item]]:
         except sandbox.SandboxUnavailable as err:
             raise ConfigError(f"sandbox: {err}") from err
     return settings, adapter, items
+
+
+def _calibrating_apart(decoder: Decoder, dataset: DatasetConfig) -> Decoder:
+    """``decoder``, and for an ``auto`` decoder without a ``calibration_offset`` in a job that takes
+    every K-th item (``dataset.every`` > 1), the same decoder calibrating on the items right after
+    the first evaluated one (``dataset.offset + 1`` on, apart from the evaluated ones while
+    ``calibration_items`` < K). The default of a consecutive range, the items after it
+    (experiments/job/runner.py, ``calibration_items``), would fall among the spread ones."""
+    params = decoder.params
+    if dataset.every == 1 or decoder.kind != "auto" or params.calibration_offset is not None:
+        return decoder
+    return type(decoder)(decoder.name, replace(params, calibration_offset=dataset.offset + 1), decoder.seed)
+
+
+def _check_calibration(settings: RunSettings, adapter: DatasetAdapter, items: Sequence[Item]) -> None:
+    """An ``auto`` decoder of protocol ``grid`` calibrates on items that are not evaluated: its pick
+    must not have seen the items it is timed on. Only an explicit ``calibration_offset`` (or the one
+    ``dataset.every`` > 1 sets) can overlap them; without one the runner takes items outside the
+    evaluated range. (Protocol ``online`` calibrates nothing on its calibration items.)"""
+    evaluated = {item.item_id for item in items}
+    for decoder in settings.decoders:
+        params = decoder.params
+        if decoder.kind != "auto" or params.protocol != "grid" or params.calibration_offset is None:
+            continue
+        calibration = load_items(settings, adapter, params.calibration_items, params.calibration_offset)
+        overlap = [item.item_id for item in calibration if item.item_id in evaluated]
+        if overlap:
+            raise ConfigError(
+                f"decoders: {decoder.name}'s calibration items (calibration_offset={params.calibration_offset}, "
+                f"calibration_items={params.calibration_items}) include evaluated items {', '.join(overlap)} "
+                f"(dataset.offset={settings.dataset.offset}, dataset.every={settings.dataset.every}); "
+                "give it fewer calibration_items than dataset.every, or another calibration_offset")
 
 
 def _check_prompt_format(items: Sequence[Item], prompt_format: PromptFormat) -> None:

@@ -40,6 +40,7 @@ from lookahead_core.config import DecodeLimits, LookaheadConfig, SamplingConfig,
 from lookahead_core.drafts import Bins, Counts, DraftStats
 
 CACHE_FORMAT = 1           # bump when what a cached file means changes (its tags, its fields)
+PICK_FORMAT = 2            # a cached pick's; 2: its saved configs size suffix and recycle in ``sources``
 CURVE_FORMAT = 3           # a cached latency curve's; 2: the loop's host time per greedy step; 3: sizes 5, 7, 13
 HOST_TOKENS = 32           # greedy steps timed for that host time (after a warm-up of 4)
 
@@ -447,7 +448,7 @@ def pick_key(curve: CurveKey, dataset: str, items: Sequence[str], tokens: int, m
     new tokens, the decoding mode and the configs it chose among."""
     return {"curve": asdict(curve), "dataset": dataset, "items": list(items), "tokens": tokens, "mode": mode,
             "grid": sorted(config_label(c) for c in grid), "always": sorted(config_label(c) for c in always),
-            "format": CACHE_FORMAT}
+            "format": PICK_FORMAT}
 
 
 def pick_path(root: Path, key: dict) -> Path:

@@ -30,7 +30,7 @@ from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Optional
 
-from lookahead_core.config import LINEAR_FIELDS, DecodeLimits, LookaheadConfig, SamplingConfig, config_fields, config_label
+from lookahead_core.config import DecodeLimits, LookaheadConfig, SamplingConfig, config_fields, config_label
 
 DECODERS: dict[str, type[Decoder]] = {}
 
@@ -87,17 +87,9 @@ class Decoder:
         """The row's config columns (see ``runner.COLUMNS``); ``params`` holds every setting."""
         return {"params": json.dumps(_plain(self.params), sort_keys=True)}
 
-    # Params added after results were first committed: left out of the fingerprint at their
-    # defaults, so those results files keep their names and their runs still resume.
-    LATER_FIELDS: tuple[str, ...] = ()
-
     def fingerprint(self) -> Any:
-        params = _plain(self.params)
-        if self.LATER_FIELDS:
-            defaults = dataclasses.asdict(self.Params())
-            params = {k: v for k, v in params.items()
-                      if k not in self.LATER_FIELDS or _normal(v) != _normal(defaults[k])}
-        return [self.name, self.kind, params]
+        """What the decoder decodes by: its name, kind and every parameter."""
+        return [self.name, self.kind, _plain(self.params)]
 
     def learn(self, generation: Generation) -> None:
         """Called with each evaluated turn's generation (the first repeat's; never the warm-up's),
@@ -120,19 +112,20 @@ def _plain(params: Any) -> Any:
     return dataclasses.asdict(params) if dataclasses.is_dataclass(params) else params
 
 
-def _normal(value: Any) -> Any:
-    """Lists and tuples compare alike (yaml gives lists where the dataclass default is a tuple)."""
-    return tuple(value) if isinstance(value, (list, tuple)) else value
-
-
 # ---------------------------------------------------------------------------------------------
 # The core's decode loop: greedy, lookahead, prompt pool, pool-only, sampling, auto
+
+
+# yaml keys of the core decoders that size a built-in draft source: ``suffix: 4`` is
+# ``sources: {suffix: 4}`` (conf/decoding/lookahead.yaml lists them); a decoder keeps the size in
+# ``sources`` (its params, fingerprint and config), the alias at 0.
+SOURCE_ALIASES: tuple[str, ...] = ("suffix", "recycle")
 
 
 def _core_params() -> type:
     """``lookahead`` (false: the plain greedy / sampling loop) plus every ``LookaheadConfig`` field
     but the seed (the job's), with its type and default: a field added to ``LookaheadConfig`` is a
-    yaml key at once."""
+    yaml key at once; and the aliases of ``SOURCE_ALIASES``."""
     hints = typing.get_type_hints(LookaheadConfig)
     fields = [("lookahead", bool, field(default=True))]
     for f in dataclasses.fields(LookaheadConfig):
@@ -146,16 +139,34 @@ def _core_params() -> type:
         else:
             default = field(default_factory=f.default_factory)
         fields.append((f.name, hint, default))
+    fields += [(alias, int, field(default=0)) for alias in SOURCE_ALIASES]
     # Not a LookaheadConfig field: where the trained drafters of ``sources`` come from.
     fields.append(("heads", str, field(default="")))
     return dataclasses.make_dataclass("CoreParams", fields)
 
 
+def with_sources(params: Any) -> Any:
+    """``params`` with the sizes its ``SOURCE_ALIASES`` keys give moved into ``sources``; a source
+    sized both ways is refused, naming the key."""
+    sources = dict(params.sources or {})
+    for alias in SOURCE_ALIASES:
+        size = getattr(params, alias)
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise ValueError(f"{alias} must be an int >= 0, got {size!r}")
+        if size and alias in sources:
+            raise ValueError(f"{alias} and sources.{alias} both size the {alias} source (got {size} and "
+                             f"{sources[alias]}); give one")
+        if size:
+            sources[alias] = size
+    return dataclasses.replace(params, sources=sources, **{alias: 0 for alias in SOURCE_ALIASES})
+
+
 def lookahead_config(params: Any, seed: int) -> LookaheadConfig | None:
     """The core config a core decoder's params describe (``None``: no lookahead)."""
-    values = {f.name: getattr(params, f.name) for f in dataclasses.fields(params) if f.name != "lookahead"}
+    params = with_sources(params)
     core = {f.name for f in dataclasses.fields(LookaheadConfig)}
-    return LookaheadConfig(**{k: v for k, v in values.items() if k in core}, seed=seed) if params.lookahead else None
+    values = {f.name: getattr(params, f.name) for f in dataclasses.fields(params) if f.name in core}
+    return LookaheadConfig(**values, seed=seed) if params.lookahead else None
 
 
 def core_columns(config: LookaheadConfig | None) -> dict[str, Any]:
@@ -178,6 +189,7 @@ class CoreDecoder(Decoder):
     prior = None                 # draft acceptance (DraftStats) a conversation's first turn starts from
 
     def __init__(self, name: str, params: Any, seed: int = 0) -> None:
+        params = with_sources(params)
         super().__init__(name, params, seed)
         self.config = lookahead_config(params, seed)    # validates (ValueError names the field)
         if params.heads and not (Path(params.heads).expanduser() / "config.json").is_file():
@@ -187,14 +199,9 @@ class CoreDecoder(Decoder):
     def lookahead(self) -> LookaheadConfig | None:
         return self.config
 
-    # Every field beyond the paper's linear lookahead (trees, the other sources, budgets, costs, the
-    # heads' folder): in the fingerprint only when set, so a field added later leaves earlier
-    # results' names alone.
-    LATER_FIELDS = tuple(f.name for f in dataclasses.fields(LookaheadConfig) if f.name not in LINEAR_FIELDS) + ("heads",)
-
     def prepare(self, job) -> None:
         """Loads the Medusa heads a config's ``sources`` name (``heads``, or the ones trained for the
-        job's model: ``python -m experiments.presets.medusa train``) onto the job's model."""
+        job's model: ``python -m experiments.tools.medusa model=<model>``) onto the job's model."""
         if self.config is None or "medusa" not in dict(self.config.sources) or "medusa" in job.lm.drafters:
             return
         from experiments.models.heads import heads_dir, train_command
@@ -260,7 +267,6 @@ class AutoDecoder(CoreDecoder):
         protocol: str = "online"
 
     PROTOCOLS = ("online", "grid")
-    LATER_FIELDS = ("protocol",)
 
     def __init__(self, name: str, params: Any, seed: int = 0) -> None:
         Decoder.__init__(self, name, params, seed)

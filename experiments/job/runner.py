@@ -44,7 +44,7 @@ from experiments.reporting import report
 from experiments.data.datasets import DatasetAdapter, Item, repo_root
 from experiments.decoders.registry import Decoder, Generation
 from experiments.grading.grade import score
-from experiments.rows.store import ResultStore
+from experiments.rows.store import ResultStore, sidecar
 from experiments.data.datasets import PromptFormat
 from experiments.data.templates import get_prompt_template
 from experiments.config.schema import DEVICE_MAPS
@@ -61,14 +61,17 @@ def run(cfg: DictConfig, on_start: Callable[[Job], None] | None = None) -> Path:
 
 
 def run_job(settings: RunSettings, adapter: DatasetAdapter, items: list[Item],
-            on_start: Callable[[Job], None] | None = None) -> Path:
+            on_start: Callable[[Job], None] | None = None, config: Callable[[Path], str] | None = None) -> Path:
     """Decode and score what ``items`` still lack in the results file. ``on_start(job)`` is called
-    once the model is loaded, before the warm-up, if anything is left to decode (a preset measures
-    with the job's model there instead of loading its own)."""
-    settings = placed(settings).resuming()
+    once the model is loaded, before the warm-up, if anything is left to decode (a tool measures
+    with the job's model there instead of loading its own). ``config(results path)`` gives the text
+    of the config file kept beside the results (``<name>.yaml``, run.py's), written before decoding."""
+    settings = placed(settings)
     lead = _join(settings)
     plan_keys = {item.item_id: expected_keys(adapter, item, settings) for item in items}
     store = ResultStore(settings.results_path(), plan_keys) if lead else None   # rank 0 alone writes rows
+    if lead and config is not None:
+        sidecar(store.path, ".yaml").write_text(config(store.path), encoding="utf-8")
     finished = store.finished if lead else set()
     # Batches are cut from the whole subset and their index (not the position in the to-do list)
     # sets the decoder order, so a resumed run measures each batch exactly as an uninterrupted one would.
@@ -329,7 +332,7 @@ class Job:
         return calibration_items(self.adapter, self.settings, self.items, want, offset)
 
     def auto_record_path(self, name: str = "auto") -> Path:
-        return self.settings.results_path().with_suffix(f".{name}.json")
+        return sidecar(self.settings.results_path(), f".{name}.json")
 
     def prompt_ids(self, item: Item, turn_index: int, answers: Sequence[str]) -> list[int]:
         return prompt_ids(self.adapter, self.tokenizer, self.settings.prompt_format, item, turn_index, answers,

@@ -1,6 +1,6 @@
 """Where trained draft heads live: outside the repository, keyed by the harness's model name.
 
-``experiments/presets/medusa.py`` trains Medusa heads into :func:`heads_dir`; the core decoders
+``experiments/tools/medusa.py`` trains Medusa heads into :func:`heads_dir`; the core decoders
 (``experiments/decoders/registry.py``) load them from there, or say :func:`train_command`.
 """
 
@@ -8,9 +8,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
-
-from experiments.data.datasets import repo_root
 from experiments.models.loader import default_cache_root
 
 
@@ -21,10 +18,4 @@ def heads_dir(model: str, cache_dir: str | Path | None = None) -> Path:
 
 
 def train_command(model: str) -> str:
-    return f"python -m experiments.presets.medusa train --model {model}"
-
-
-def model_spec(model: str) -> str:
-    """A harness model name (``conf/model/<name>.yaml``) -> its loader spec; anything else as is."""
-    path = repo_root() / "conf" / "model" / f"{model}.yaml"
-    return yaml.safe_load(path.read_text()).get("spec", model) if path.is_file() else model
+    return f"python -m experiments.tools.medusa model={model}"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import gzip
 import json
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -24,6 +25,7 @@ from matplotlib.figure import Figure
 from experiments.reporting.drafts import draft_reliability, plot_reliability
 from experiments.reporting.tables import markdown
 from experiments.rows.schema import COLUMNS
+from experiments.rows.store import sidecar
 from experiments.grading.metrics import ROUGE_TYPES, bootstrap_ci, pass_at_k_report
 
 GROUP = ["experiment", "model", "device", "dtype", "config", "settings"]
@@ -49,22 +51,27 @@ QUALITY_COLUMNS = [
 # contains 0 means the two decoders' summaries score the same within the sample's resolution.
 
 
+ROWS_FILES = (".csv", ".csv.gz")   # a job's rows, plain or gzip (committed results)
+
+
 def find_csvs(paths: Iterable[str | Path]) -> list[Path]:
-    """CSV files named by ``paths``: files as given, directories recursively, globs expanded."""
+    """Rows files (``.csv`` or ``.csv.gz``) named by ``paths``: files as given, directories
+    recursively, globs expanded."""
     found: list[Path] = []
     for entry in map(str, paths):
         if Path(entry).is_dir():
-            found += sorted(Path(entry).rglob("*.csv"))
+            found += sorted(path for path in Path(entry).rglob("*.csv*") if path.name.endswith(ROWS_FILES))
         elif Path(entry).is_file():
             found.append(Path(entry))
         else:
-            found += sorted(Path(match) for match in glob.glob(entry, recursive=True) if match.endswith(".csv"))
+            found += sorted(Path(match) for match in glob.glob(entry, recursive=True) if match.endswith(ROWS_FILES))
     return [path for path in dict.fromkeys(found) if _is_rows(path)]
 
 
 def _is_rows(path: Path) -> bool:
     """A job's rows (not a summary table written beside them)."""
-    with open(path, encoding="utf-8") as handle:
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as handle:
         header = handle.readline()
     return {"item_id", "decoder", "decode_s"} <= set(header.strip().split(","))
 
@@ -403,7 +410,7 @@ def job_summary(path: Path, df: pd.DataFrame) -> str:
     """The table of one results CSV (``df``, as read by :func:`load_results`), its plot (written
     beside it) and a line on what it means."""
     table = summarize(df)
-    plot = plot_job(table, path.with_suffix(".png"))
+    plot = plot_job(table, sidecar(path, ".png"))
     parts = [to_markdown(table, SUMMARY_COLUMNS)]
     if (df["dataset"] == "specbench").any():
         parts.append("Spec-Bench layout (speedup over the baseline per task, in two definitions: "

@@ -139,8 +139,8 @@ def survey_config(grid: Sequence[LookaheadConfig]) -> LookaheadConfig | None:
     (tag, depth) those trees can cut by gets measured; ``None`` if the grid has no cost-aware tree.
 
     >>> from lookahead_core.cost.grid import tree_config
-    >>> deep = LookaheadConfig(window=1, ngram=4, guess=0, pool_only=True, tree=True, suffix=1, depth=16,
-    ...                        budget=17, step_costs=(1.0,) * 17)
+    >>> deep = LookaheadConfig(window=1, ngram=4, guess=0, pool_only=True, tree=True, sources={"suffix": 1},
+    ...                        depth=16, budget=17, step_costs=(1.0,) * 17)
     >>> wide = replace(tree_config(8), step_costs=(1.0,) * 8)            # pool G4, 4 suffix, recycle 4, 6 deep
     >>> config_label(survey_config([deep, wide, tree_config(64)]))      # the k64 tree has no step costs
     'pool_N4G4_tree_sfx4_rc4_d16_k17'
@@ -148,7 +148,7 @@ def survey_config(grid: Sequence[LookaheadConfig]) -> LookaheadConfig | None:
     trees = [c for c in grid if c.step_costs]
     if not trees:
         return None
-    widest = {name: max(getattr(c, name) for c in trees) for name in ("ngram", "guess", "suffix", "recycle", "budget")}
+    widest = {name: max(getattr(c, name) for c in trees) for name in ("ngram", "guess", "budget")}
     registered = {name for c in trees for name, _ in c.sources}
     sizes = {name: max(dict(c.sources).get(name, 0) for c in trees) for name in registered}
     return LookaheadConfig(window=1, pool_only=True, tree=True, depth=max(c.draft_depth for c in trees),

@@ -26,20 +26,22 @@ DEFAULT_SUFFIX_ONLY_TREES: tuple[tuple[int, int, int], ...] = (
 
 def tree_config(budget: int, recycle: int = 4, depth: int = 6) -> LookaheadConfig:
     """A pool-only token tree: pool N4 G4, 4 suffix matches, ``recycle`` successors, ``depth`` deep."""
-    return LookaheadConfig(window=1, ngram=4, guess=4, pool_only=True, tree=True, suffix=4, recycle=recycle,
-                           depth=depth, budget=budget)
+    return LookaheadConfig(window=1, ngram=4, guess=4, pool_only=True, tree=True,
+                           sources={"suffix": 4, "recycle": recycle}, depth=depth, budget=budget)
 
 
 def default_grid() -> list[LookaheadConfig]:
     grid = [LookaheadConfig(window=w, ngram=n, guess=g, prompt_pool=pool)
             for n, w, g in DEFAULT_LOOKAHEAD_GRID for pool in (False, True)]
     grid += [LookaheadConfig(window=1, ngram=n, guess=g, pool_only=True) for n, g in DEFAULT_POOL_ONLY_GRID]
-    grid += [LookaheadConfig(window=1, ngram=4, guess=0, pool_only=True, tree=True, suffix=m, depth=d, budget=b)
+    grid += [LookaheadConfig(window=1, ngram=4, guess=0, pool_only=True, tree=True, sources={"suffix": m},
+                             depth=d, budget=b)
              for m, d, b in DEFAULT_SUFFIX_ONLY_TREES]
     grid += [tree_config(b) for b in DEFAULT_TREE_BUDGETS]
     grid += [tree_config(b, recycle=0) for b in DEFAULT_SUFFIX_TREE_BUDGETS]
-    grid.append(LookaheadConfig(window=7, ngram=5, guess=7, prompt_pool=True, tree=True, suffix=4, recycle=4,
-                                depth=6, budget=LookaheadConfig(window=7, ngram=5, guess=7).max_tokens_per_step))
+    grid.append(LookaheadConfig(window=7, ngram=5, guess=7, prompt_pool=True, tree=True,
+                                sources={"suffix": 4, "recycle": 4}, depth=6,
+                                budget=LookaheadConfig(window=7, ngram=5, guess=7).max_tokens_per_step))
     for kind in SOURCES.values():                 # registered sources add their own configs
         if kind.grid is not None:
             grid += [c for c in kind.grid() if c not in grid]

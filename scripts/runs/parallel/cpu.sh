@@ -5,7 +5,9 @@
 #   thread each (torchrun, gloo), every step's window columns and candidates split between them.
 # SmolLM2-135M, the first turns of 4 MT-Bench and 4 HumanEval items spread over categories, 64 new tokens,
 # greedy fp32. Every job resumes: rerun to finish. Run on an otherwise idle machine (the timings are the point).
-# Then: python -m experiments.presets.parallel report results/parallel/cpu
+# Then: OMP_NUM_THREADS=1 python -m torch.distributed.run --nproc-per-node 2 -m experiments.tools.parallel \
+#           model=smollm2_135m out=results/parallel/cpu/measured.json   (curves, all-gathers: the cost model's input)
+#       python -m experiments.reporting.parallel report results/parallel/cpu
 set -u
 cd "$(dirname "$0")/../../.."
 out=${RESULTS:-results/parallel/cpu}
