@@ -2,11 +2,11 @@
 
     python run.py -m suite=batch experiment=mtbench,humaneval batch_size=1,2,4,8,16 results_dir=results/batch
     python -m experiments.tools.batch_latency out=results/batch       # t(B, k), for the cost-model views
-    python -m experiments.reporting.batch results/batch               # rows.csv, summary.csv, summary.md, plot
+    python -m experiments.reporting.batch results/batch               # rows.csv.gz, summary.csv, summary.md, plot
     python -m experiments.reporting.batch results/batch --roofline    # onto assumed hardware: roofline.md
 
 The jobs' rows (every result CSV under the folder, one row per sequence per decoder, the baseline
-``hf_greedy``: ``conf/suite/batch.yaml``) become ``rows.csv`` in this view's columns (each sequence's
+``hf_greedy``: ``conf/suite/batch.yaml``) become ``rows.csv.gz`` in this view's columns (each sequence's
 per-step record included). Per dataset, decoder and B: tokens/s = the batches' new tokens / their
 ``decode_s`` (sum over sum), and the speedup over ``hf_greedy``'s tokens/s on the same batches;
 where lookahead stops paying; the plot of speedup against B. With ``<folder>/latency_batch.csv``
@@ -218,16 +218,16 @@ def header(raw: pd.DataFrame, df: pd.DataFrame) -> str:
     host = ", ".join(raw["device_name"].dropna().unique()) if "device_name" in raw else ""
     one = lambda column: ", ".join(map(str, raw[column].dropna().unique()))   # noqa: E731
     return (f"Device: {host or '?'}, threads={one('threads')}, {one('max_new_tokens')} new tokens, {one('dtype')}, "
-            "shared machine (load average per row in rows.csv): ratios, not absolute speeds, are the result. "
+            "shared machine (load average per row in rows.csv.gz): ratios, not absolute speeds, are the result. "
             "Prompts: " + "; ".join(f"{d}: {' '.join(ids)}" for d, ids in prompts(df).items()))
 
 
 def write(folder: Path) -> str:
-    """rows.csv, summary.csv, summary.md and speedup_vs_batch.png in ``folder``; returns summary.md's text."""
+    """rows.csv.gz, summary.csv, summary.md and speedup_vs_batch.png in ``folder``; returns summary.md's text."""
     folder = Path(folder)
     raw = harness_report.load_results([folder])
     df = bench_rows(raw)
-    df.to_csv(folder / "rows.csv", index=False)
+    df.to_csv(folder / "rows.csv.gz", index=False)
     summary = summarize(df)
     summary.to_csv(folder / "summary.csv", index=False)
     model = ", ".join(raw["model"].dropna().unique())
@@ -274,7 +274,7 @@ def roofline(folder: Path, params: float, bandwidth: float, flops: float, batch_
     wide.columns = [f"B={c}" if not isinstance(c, str) else c for c in wide.columns]
     text = (f"# Roofline projection (ASSUMED hardware, not measured): {params:.3g} params, fp16, "
             f"{bandwidth:.3g} B/s, {flops:.3g} FLOP/s\n\nSpeedup over batched greedy, acceptance "
-            f"from the measured sequences in rows.csv:\n\n{markdown(wide)}\n")
+            f"from the measured sequences in rows.csv.gz:\n\n{markdown(wide)}\n")
     (folder / "roofline.md").write_text(text)
     return text
 
