@@ -8,7 +8,7 @@
 # default /tmp/lookahead_auto_cache: outside the repository); auto is listed first, so it prepares
 # before auto_grid's survey reaches the acceptance store: it starts cold. Every job resumes; rerun the
 # script to finish what a session left. MODELS= and SETS= limit it; GRID=0 leaves auto_grid out; RESULTS= is the
-# results folder (default results/auto); LINEAR= sets model.linear (default: the config's, auto). Then:
+# results folder (default results/auto); LINEAR= sets model.linear (default: the config's, stock; LINEAR=auto for results/auto_stream). Then:
 #   python -m experiments.reporting.report results/auto/<set>... --out results/auto/report
 set -u
 cd "$(dirname "$0")/../../.."

@@ -4,7 +4,7 @@
 # the default auto (protocol online), transformers prompt lookup (k = 3) against generate
 # greedy, interleaved per item after a warm-up. The calibration cache is this script's own ($CACHE, default
 # /tmp/lookahead_auto_cache). Resumes; rerun to finish. RESULTS= is the results folder (default results/auto),
-# LINEAR= sets model.linear (default: the config's, auto). Then:
+# LINEAR= sets model.linear (default: the config's, stock; LINEAR=auto for results/auto_stream). Then:
 #   python -m experiments.reporting.report results/auto/specbench --out results/auto/specbench/report
 set -u
 cd "$(dirname "$0")/../../.."
