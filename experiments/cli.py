@@ -77,14 +77,23 @@ def job_config(cfg: DictConfig, hydra_config, results: Path) -> str:
     the data root's environment variable kept) as a primary config of its own, so that Hydra reruns
     it from that folder, and the command that wrote it."""
     args = [*(["-m"] if hydra_config.mode.name == "MULTIRUN" else []), *hydra_config.overrides.task]
-    command = " ".join(["python run.py", *map(shlex.quote, args)])
+    command = " ".join(["python run.py", *map(_shell, args)])
+    folder = results.parent.resolve()
+    folder = folder.relative_to(repo_root()) if folder.is_relative_to(repo_root()) else folder
     return "\n".join([
         f"# The config of {results.name}, beside it. From the repository root, this reruns or resumes it:",
-        f"#   python run.py --config-dir {shlex.quote(str(results.parent))} --config-name {shlex.quote(sidecar(results, '').name)}",
+        f"#   python run.py --config-dir {shlex.quote(str(folder))} --config-name {shlex.quote(sidecar(results, '').name)}",
         f"# (other overrides may follow). Written by: {command}",
         "defaults:", "  - run_schema", "  - _self_",
         OmegaConf.to_yaml(cfg, resolve=False),
     ])
+
+
+def _shell(arg: str) -> str:
+    """``arg`` quoted for bash on one line (a newline, as in stop strings, as ``$'\\n'``)."""
+    if "\n" not in arg:
+        return shlex.quote(arg)
+    return "$'" + arg.replace("\\", "\\\\").replace("'", "\\'").replace("\n", "\\n") + "'"
 
 
 def run() -> None:

@@ -257,7 +257,7 @@ def test_a_learnt_prior_takes_over_where_it_has_tried_and_the_guesses_elsewhere(
 
 
 def test_a_learnt_prior_lets_a_cost_aware_step_feed_a_copy_its_guesses_undervalue():
-    """The Qwen2.5-Coder CNN/DM calibration (results/benchmark/trees, auto4): one suffix match 16
+    """The Qwen2.5-Coder CNN/DM calibration (git show b8db823:results/benchmark/trees/README.md, auto4): one suffix match 16
     deep, a 4-token step costing 1.91 single steps and 2- and 3-token steps 2.27 and 3.01. Cut by
     the guesses (0.5, 0.25, 0.125, ...) no size pays, so the step stays greedy and never measures
     the copies it skips; with rates learnt elsewhere (given the parent: 0.41 at depth 1, then

@@ -3,15 +3,17 @@ config written beside every result, from which ``run.py`` reruns it alone (issue
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import subprocess
 import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
 import yaml
 
-from experiments.config.settings import to_settings
+from experiments.config.settings import check_parallel_backend, to_settings
 from experiments.data.datasets import repo_root
 from experiments.reporting import report
 from experiments.rows.schema import COLUMNS
@@ -106,3 +108,37 @@ def test_the_config_beside_a_result_reruns_and_resumes_it_alone(tmp_path: Path) 
     assert wider.returncode == 0, wider.stderr[-3000:]
     assert "2 of 3 items already in" in wider.stdout
     assert len(report.load_results([tmp_path / "raw"])) == 6     # the third item appended to the gzip file
+
+
+COMMITTED = sorted((repo_root() / "results").rglob("*.csv.gz"))
+
+
+def test_every_committed_result_is_named_by_the_config_beside_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each committed rows file has its config beside it, and that config, composed as
+    ``run.py --config-dir <folder> --config-name <name>`` composes it, names this very file on the
+    chip its rows ran on (the chip their ``device_name`` column records): the command reruns and
+    resumes it. Its rows carry the config's fingerprint."""
+    from hydra import compose, initialize_config_dir
+
+    from experiments.config.schema import register_configs
+
+    register_configs()
+    checked = 0
+    for path in COMMITTED:
+        config = sidecar(path, ".yaml")
+        if not config.exists():
+            assert path.parent.name in ("batch",), f"{path} has no config beside it"   # the batch view's derived rows
+            continue
+        with initialize_config_dir(config_dir=str(config.parent), version_base="1.3"):
+            cfg = compose(config.stem)
+        rows = pd.read_csv(path, dtype=str, keep_default_na=False)
+        (chip,) = set(rows["device_name"])
+        ranks = max(int(r or 1) for r in rows["lp_ranks"])           # torchrun's WORLD_SIZE when it ran
+        monkeypatch.setenv("WORLD_SIZE", str(ranks))
+        settings = dataclasses.replace(to_settings(cfg, device="cpu"), device_name=chip)
+        if settings.ranks > 1:
+            settings = dataclasses.replace(settings, backend=check_parallel_backend(settings))
+        assert settings.results_path() == path, f"{config} names {settings.results_path()}"
+        assert set(rows["settings"]) == {settings.fingerprint()}, path
+        checked += 1
+    assert checked >= 100

@@ -48,7 +48,7 @@ FINALISTS = 3              # configs calibrated in full after the screen
 SCREEN_MIN_TOKENS = 8      # the screen decodes max(this, calibration tokens / 2) tokens per prompt
 # Half, not a quarter: a 16-token screen (of 64) cannot see what a 10-deep suffix draft copies; on
 # Qwen2.5-Coder CNN/DM it screened 1-match depth-10 at S 2.25 where prompt lookup k = 10 reaches 5.1
-# over 128 tokens (results/benchmark/trees/README.md, "auto2").
+# over 128 tokens (git show b8db823:results/benchmark/trees/README.md, "auto2").
 
 
 def calibrate(

@@ -6,11 +6,11 @@ the rows of a folder (every results file under it, ``rows.csv`` of the former be
 included) and write their tables and plots into that folder::
 
     python run.py suite=paper experiment=mtbench model=smollm2_135m dataset.limit=20 \\
-        experiment.max_new_tokens=128 threads=1 device=cpu results_dir=results/benchmark/smollm2_mtbench
-    python -m experiments.reporting.lineup table results/benchmark/smollm2_mtbench
-    python -m experiments.reporting.lineup table results/benchmark/trees/ceiling_qwen_mbpp \\
-        --calibration results/benchmark/trees/auto5_qwen_mbpp
-    python -m experiments.reporting.lineup collect results/benchmark/trees
+        experiment.max_new_tokens=128 threads=1 device=cpu results_dir=results/lineup/smollm2_mtbench
+    python -m experiments.reporting.lineup table results/lineup/smollm2_mtbench
+    python -m experiments.reporting.lineup table results/lineup/qwen_mbpp \\
+        --calibration results/lineup/qwen_mbpp_auto
+    python -m experiments.reporting.lineup collect results/lineup
 
 ``table``: ``summary.md``/``summary.csv``/``speedup.png`` (one row per decoder, the baseline first),
 the draft acceptance and reliability of token trees, and where the folder holds an ``auto`` decoder's

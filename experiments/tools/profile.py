@@ -1,8 +1,8 @@
 """Where a core decode step's host-side time goes.
 
-    python -m experiments.tools.profile model=smollm2_135m out=results/benchmark/profile_smollm2
+    python -m experiments.tools.profile model=smollm2_135m out=results/lineup/profile_smollm2
     python -m experiments.tools.profile model=smollm2_135m experiment=humaneval \\
-        'decoders=[greedy,{use:lookahead,name:la_N5W7G7,window:7,ngram:5,guess:7}]' out=results/benchmark/profile
+        'decoders=[greedy,{use:lookahead,name:la_N5W7G7,window:7,ngram:5,guess:7}]' out=results/lineup/profile
 
 Configured by ``conf/profile.yaml``: run.py's groups and keys (the job the profile measures, planned
 and checked as run.py plans it: a bad key fails in one line before torch loads) plus ``out``. Each core

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # decoding=auto as users get it, through run.py (issue 28): the default auto (protocol online) against
 # transformers prompt lookup (k = 3 and 10) and generate greedy, and, for SmolLM2, auto_grid (protocol=grid),
-# on the six experiments x two models of results/benchmark/trees: SmolLM2-135M on 20 items, Qwen2.5-Coder-0.5B
+# on the six experiments x two models of the earlier token-tree runs (git show b8db823:results/benchmark/trees/README.md): SmolLM2-135M on 20 items, Qwen2.5-Coder-0.5B
 # on 10, spread over categories (dataset.order=spread: round-robin over categories, seeded), first turns,
 # 128 new tokens, greedy (decoding.temperature=0: CNN/DM and XSum sample by default), one torch thread,
 # decoders interleaved per item after a warm-up. The calibration cache is this script's own ($CACHE,
