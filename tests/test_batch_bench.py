@@ -111,7 +111,7 @@ def bench_dir(tmp_path_factory):
 
 
 def test_batch_bench_rows_report_and_resume(bench_dir: Path):
-    rows = pd.read_csv(bench_dir / "rows.csv")
+    rows = pd.read_csv(bench_dir / "rows.csv.gz")
     assert len(rows) == 2 * (1 + 3) * len(lineup())             # one row per sequence per decoder
     assert rows.matches_hf_greedy.all(), "a batched core decoder differed from batched generate"
     items = {dataset: [item.item_id for item in plan(job(dataset, 1, PROMPTS))[2]] for dataset in DATASETS}
@@ -127,14 +127,14 @@ def test_batch_bench_rows_report_and_resume(bench_dir: Path):
     threads = torch.get_num_threads()
     run_bench(bench_dir)
     torch.set_num_threads(threads)
-    assert len(pd.read_csv(bench_dir / "rows.csv")) == len(rows)            # resumed: nothing rerun
+    assert len(pd.read_csv(bench_dir / "rows.csv.gz")) == len(rows)            # resumed: nothing rerun
 
 
 def test_roofline_projection_is_flat_then_compute_bound(bench_dir: Path):
     costs = batch_bench.roofline_costs(1e9, 1e12, 1e14, [1, 64])        # read 2 ms; compute 0.02 ms per token
     assert cm.batch_latency(costs, 1, 8) == pytest.approx(0.002)
     assert cm.batch_latency(costs, 64, 8) == pytest.approx(2 * 1e9 * 512 / 1e14)
-    table = batch_bench.project_roofline(pd.read_csv(bench_dir / "rows.csv"), costs)
+    table = batch_bench.project_roofline(pd.read_csv(bench_dir / "rows.csv.gz"), costs)
     assert set(table.B) == {1, 64} and (table.projected > 0).all()
     batch_bench.main([str(bench_dir), "--roofline", "--batch-sizes", "1", "4"])
     assert "ASSUMED" in (bench_dir / "roofline.md").read_text()
