@@ -413,12 +413,18 @@ def config_tag(baseline: Decoder, candidates: tuple[Decoder, ...], sampling: Sam
 # Before any model loads: installed packages, data files
 
 
-def check_installed(settings: RunSettings) -> None:
-    """The model's weight packages are importable (found without importing them)."""
-    for package in settings.model.packages:
+def check_packages(model: ModelConfig) -> None:
+    """The model's weight packages are importable (found without importing them), else a ConfigError
+    saying how to install them: run.py's check and the tools' (experiments/tools)."""
+    for package in model.packages:
         if importlib.util.find_spec(package) is None:
-            how = settings.model.install or f"pip install {package}"
-            raise ConfigError(f"model={settings.model.name}: package {package} is not installed; run: {how}")
+            how = model.install or f"pip install {package}"
+            raise ConfigError(f"model={model.name}: package {package} is not installed; run: {how}")
+
+
+def check_installed(settings: RunSettings) -> None:
+    """The model's weight packages, and accelerate where ``device_map`` needs it."""
+    check_packages(settings.model)
     if settings.model.device_map is not None and importlib.util.find_spec("accelerate") is None:
         raise ConfigError(f"model.device_map={settings.model.device_map} needs accelerate (transformers places the "
                           "model with it); run: pip install accelerate")

@@ -17,7 +17,6 @@ over core greedy per batch, ``auto``'s pick per B calibrated on the B = 1 sequen
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -61,22 +60,9 @@ def bench_rows(df: pd.DataFrame) -> pd.DataFrame:
     return rows.sort_values(["dataset", "B", "batch", "decoder", "item_id"], kind="stable").reset_index(drop=True)
 
 
-def row_config(lookahead: str | None) -> LookaheadConfig | None:
-    """The core config of a row's ``lookahead`` column (its decoder's params; ``None``: greedy).
-    Rows written before suffix and recycle became draft sources carry them as fields."""
-    from experiments.decoders.registry import CoreDecoder, lookahead_config, with_sources
-
-    fields = json.loads(lookahead) if isinstance(lookahead, str) else None
-    if not fields:
-        return None
-    fields["sources"] = dict(map(tuple, fields.get("sources") or []))   # a row holds the pairs
-    keys = {f.name for f in dataclasses.fields(CoreDecoder.Params)}
-    return lookahead_config(with_sources(CoreDecoder.Params(**{k: v for k, v in fields.items() if k in keys})), seed=0)
-
-
 def configs(df: pd.DataFrame) -> dict[str, LookaheadConfig | None]:
-    """Each decoder's core config, from its rows."""
-    return {name: row_config(group["lookahead"].dropna().iloc[0] if group["lookahead"].notna().any() else None)
+    """Each decoder's core config, from its rows' ``lookahead`` column (its params; None: greedy)."""
+    return {name: harness_report.row_config(group["lookahead"].dropna().iloc[0] if group["lookahead"].notna().any() else None)
             for name, group in df.groupby("decoder")}
 
 

@@ -41,7 +41,6 @@ import yaml
 from matplotlib.figure import Figure
 
 from experiments.data.datasets import repo_root
-from experiments.decoders.registry import SOURCE_ALIASES
 from experiments.reporting import report
 from experiments.reporting.drafts import draft_acceptance, draft_reliability, plot_reliability
 from experiments.reporting.tables import cell, markdown
@@ -80,18 +79,8 @@ def auto_records(folder: str | Path) -> list[Path]:
 
 
 def _config_from_row(row) -> Any:
-    """The core config a row ran (its ``params``), or None (greedy, transformers). Rows written
-    before the built-in sources moved into ``sources`` size them by their own keys (``suffix``)."""
-    params = row["params"]
-    if row["family"] != "core" or pd.isna(params) or params in ("null", ""):
-        return None
-    fields = json.loads(params)
-    sources = dict(fields.pop("sources", None) or {})
-    for alias in SOURCE_ALIASES:
-        size = fields.pop(alias, 0)
-        if size:
-            sources[alias] = size
-    return LookaheadConfig(**fields, sources=sources)
+    """The core config a row ran (its ``params``), or None (greedy, transformers)."""
+    return report.row_config(row["params"]) if row["family"] == "core" else None
 
 
 def summarize(df: pd.DataFrame, baseline: str = HF_GREEDY) -> pd.DataFrame:

@@ -11,8 +11,6 @@ heads themselves: ``python -m experiments.tools.medusa model=<name> show=true``.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -26,18 +24,10 @@ from experiments.reporting.tables import cell, markdown
 def label(row: pd.Series) -> str:
     """A row's decoder as the benchmarks name it: a core config's label (``pool_N4G0_tree_md7_d4``,
     ``greedy``), prompt lookup's ``hf_pld_k<k>``, else the decoder's name."""
-    from experiments.decoders.registry import CoreDecoder, lookahead_config, with_sources
     from lookahead_core.config import config_label
 
     if row["family"] == "core":
-        params = row["params"]
-        fields = None if pd.isna(params) or params in ("null", "") else json.loads(params)
-        if not fields:
-            return config_label(None)
-        fields["sources"] = dict(map(tuple, fields.get("sources") or []))   # a row holds the pairs
-        keys = {f.name for f in dataclasses.fields(CoreDecoder.Params)}
-        params = with_sources(CoreDecoder.Params(**{k: v for k, v in fields.items() if k in keys}))
-        return config_label(lookahead_config(params, seed=0))
+        return config_label(report.row_config(row["params"]))
     if not pd.isna(row["prompt_lookup"]):
         return f"hf_pld_k{int(row['prompt_lookup'])}"
     return row["decoder"]

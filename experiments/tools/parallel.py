@@ -30,6 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from experiments.config.errors import ConfigError
 from experiments.config.schema import ModelConfig
+from experiments.config.settings import check_packages
 from experiments.data.datasets import repo_root
 from experiments.tools import app
 
@@ -61,14 +62,12 @@ def check(cfg: DictConfig) -> MeasureConfig:
     """The composed config as a :class:`MeasureConfig`; a value out of range (or a model whose
     packages are missing) is a ConfigError naming its key."""
     s = OmegaConf.to_object(cfg)
-    for key in ("kv_length", "repeats"):
-        if getattr(s, key) < 1:
-            raise ConfigError(f"{key}: must be at least 1, got {getattr(s, key)}")
+    app.at_least_one(s, "kv_length", "repeats")
     if not s.sizes or min(s.sizes) < 1:
         raise ConfigError(f"sizes: must be tokens fed, each at least 1, got {list(s.sizes)}")
     if not (s.device == "cpu" or s.device.startswith("cuda")):
         raise ConfigError(f"device: cpu or cuda[:N], got {s.device!r}")
-    app.check_installed(s.model)
+    check_packages(s.model)
     return s
 
 
