@@ -1,6 +1,6 @@
 """Seconds to grade HumanEval completions with this checkout's sandbox against an earlier commit's.
 
-    python scripts/grading_throughput.py --before 67af3f0 results/grading/raw/humaneval/smollm2_135m/*.csv
+    python scripts/grading_throughput.py --before 67af3f0 results/grading/raw/humaneval/smollm2_135m/*.csv.gz
 
 Before: ``experiments/grading/sandbox.py`` (and ``integrity.py`` where that commit has one) read
 from git at ``--before`` into a temporary folder; after: this checkout's. Each is timed one

@@ -1,6 +1,6 @@
 """Do the sandbox's verdicts agree with the benchmarks' own graders? (issue 9, item 5)
 
-    python -m experiments.grading.agreement results/grading/raw/*/*/*.csv --solutions humaneval mbpp \
+    python -m experiments.grading.agreement results/grading/raw/*/*/*.csv.gz --solutions humaneval mbpp \
         --out results/grading/agreement.md
 
 For every scored row (HumanEval, MBPP) of the given result CSVs, the stored output is graded twice
