@@ -68,7 +68,7 @@ def test_a_round_that_ran_uncompiled_flex_is_not_written(tmp_path: Path, monkeyp
 
 
 @pytest.mark.parametrize("override, key", [("rounds=0", "rounds"), ("kv=[0,16]", "kv"), ("threads=two", "threads"),
-                                           ("window=3", "window")])
+                                           ("window=3", "window"), ("model.linear=both", "model.linear")])
 def test_a_bad_key_or_value_is_refused_naming_the_key(override: str, key: str, tmp_path: Path):
     with pytest.raises(ConfigError, match=rf"\b{key}\b"):
         app.settings("attention", ["model=tiny_llama", override, f"out={tmp_path}"], bench.check)

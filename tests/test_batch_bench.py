@@ -138,3 +138,10 @@ def test_roofline_projection_is_flat_then_compute_bound(bench_dir: Path):
     assert set(table.B) == {1, 64} and (table.projected > 0).all()
     batch_bench.main([str(bench_dir), "--roofline", "--batch-sizes", "1", "4"])
     assert "ASSUMED" in (bench_dir / "roofline.md").read_text()
+
+
+def test_batch_latency_measures_one_kernel_and_refuses_both(tmp_path: Path):
+    from experiments.config.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="model.linear: both runs every decoder of a run.py job on both kernels"):
+        app.settings("batch_latency", ["model=tiny_llama", "model.linear=both", f"out={tmp_path}"], batch_latency.check)

@@ -279,6 +279,28 @@ def test_model_linear_is_refused_where_the_kernel_cannot_run_before_any_model_lo
     with pytest.raises(Exception, match="model.linear=fast"):           # not one of auto, stream, stock: at compose
         compose_config("model=tiny_llama", "model.linear=fast")
     assert to_settings(compose_config("model=tiny_llama", "model.linear=stream"), device="cpu").model.linear.value == "stream"
+    with pytest.raises(ConfigError, match="model.linear must be auto or stock unless .* device cuda"):
+        to_settings(compose_config("model=tiny_llama", "model.linear=both"), device="cuda")
+
+
+def test_model_linear_both_lists_each_decoder_once_per_kernel_under_the_same_file_tag() -> None:
+    """``model.linear=both``: ``<name>@stock`` then ``<name>@stream`` for every decoder, the stock
+    greedy the baseline, each stream twin checked against greedy's stream twin; the file keeps the
+    decoders' tag and gets a fingerprint of its own; '@' in a user's decoder name is refused."""
+    overrides = ("model=tiny_llama", "baseline=greedy", "decoders=[lookahead,auto]")
+    one = to_settings(compose_config(*overrides), device="cpu")
+    both = to_settings(compose_config(*overrides, "model.linear=both"), device="cpu")
+    assert [d.name for d in both.decoders] == ["greedy@stock", "lookahead@stock", "auto@stock",
+                                               "greedy@stream", "lookahead@stream", "auto@stream"]
+    assert [d.linear for d in both.decoders] == ["stock"] * 3 + ["stream"] * 3 and one.baseline.linear is None
+    assert both.config_tag == one.config_tag and both.fingerprint() != one.fingerprint()
+    by_name = {d.name: d for d in both.decoders}
+    assert {name: both.reference(d).name for name, d in by_name.items()} == {
+        "greedy@stock": "greedy@stock", "lookahead@stock": "greedy@stock", "auto@stock": "greedy@stock",
+        "greedy@stream": "greedy@stock", "lookahead@stream": "greedy@stream", "auto@stream": "greedy@stream"}
+    assert by_name["auto@stock"] is not by_name["auto@stream"] and by_name["auto@stock"].params == by_name["auto@stream"].params
+    with pytest.raises(ConfigError, match="decoders: a name may not contain '@'"):
+        to_settings(compose_config("model=tiny_llama", "decoders=[{use:lookahead,name:la@fast}]"), device="cpu")
 
 
 def test_a_committed_result_resumes_under_its_migrated_name() -> None:

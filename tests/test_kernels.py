@@ -81,6 +81,32 @@ def test_the_swap_keeps_parameters_ties_and_falls_back_beyond_its_rows():
 
 
 @needs_kernel
+def test_running_swaps_the_kernel_for_a_block_and_restores_it_even_on_error():
+    """``kernels.running``: stock layers inside the block (PyTorch's products, bit for bit), the
+    streaming ones after it, the same parameters and ties throughout; an exception restores too."""
+    model, _ = load_model("tiny-llama", linear="stream")
+    model.lm_head.weight = model.model.embed_tokens.weight
+    weights = {name: p for name, p in model.named_parameters(remove_duplicate=False)}
+    x = torch.randn(5, model.lm_head.in_features)
+    with torch.no_grad():
+        with kernels.running(model, "stock"):
+            assert kernels.linear_kernel(model) == "stock"
+            assert not any(isinstance(m, kernels.StreamingLinear) for m in model.modules())
+            assert torch.equal(model.lm_head(x), torch.nn.functional.linear(x, model.lm_head.weight))
+            with kernels.running(model, "stock"):          # already stock: nothing to swap
+                assert kernels.linear_kernel(model) == "stock"
+        assert kernels.linear_kernel(model) == "stream"
+        assert torch.equal(model.lm_head(x), kernels.stream_linear(x, model.lm_head.weight))
+    with pytest.raises(KeyError), kernels.running(model, "stock"):
+        raise KeyError("inside")
+    assert kernels.linear_kernel(model) == "stream"
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert all(p is weights[name] for name, p in model.named_parameters(remove_duplicate=False))
+    with pytest.raises(ValueError, match="stock or stream"), kernels.running(model, "mkl"):
+        pass
+
+
+@needs_kernel
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
 def test_lookahead_on_a_swapped_model_equals_its_greedy(arch):
     """Losslessness holds on the kernel as on PyTorch's: every config's tokens equal the swapped
@@ -130,3 +156,58 @@ def test_kernel_curves_script_writes_one_row_per_kernel_dtype_and_size(tmp_path,
         assert ((rows.x_stock_t1 - ratio).abs() <= 1e-3 * ratio).all(), dtype
     printed = capsys.readouterr().out
     assert "| tiny-llama | bfloat16 | 1 | stock |" in printed and "| tiny-llama | float32 | 1 | stream |" in printed
+
+
+@needs_kernel
+def test_a_both_kernels_job_runs_every_decoder_on_each_kernel_interleaved(tmp_path, monkeypatch):
+    """``model.linear=both``: every decoder twice (``<name>@stock``, ``<name>@stream``) in one job on
+    the same items, each call on its twin's kernel (the model and its draft model swapped for the
+    call), rows recording it; greedy's stock twin is the baseline, and each stream twin is checked
+    against greedy's stream twin; the report puts the kernels side by side."""
+    from hydra import compose, initialize_config_dir
+
+    from conftest import DATA_ROOT
+    from experiments.config.schema import register_configs
+    from experiments.decoders.registry import CoreDecoder, HFGenerate
+    from experiments.job import runner
+    from experiments.reporting import report
+
+    seen: list[tuple[str, str, str]] = []
+    for cls in (CoreDecoder, HFGenerate):
+        def spy(self, job, *args, _original=cls.generate):
+            drafts = [kernels.linear_kernel(model) for model, _ in job.assistants.values()]
+            seen.append((self.name, kernels.linear_kernel(job.model), *drafts))
+            return _original(self, job, *args)
+        monkeypatch.setattr(cls, "generate", spy)
+    register_configs()
+    decoders = ("decoders=[lookahead,hf_pld,{use:hf_assisted,assistant_model:tiny-mistral,num_assistant_tokens:4}]")
+    with initialize_config_dir(config_dir=str(repo_root() / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=[
+            "model=tiny_llama", "threads=1", "warmup=1", "experiment=mtbench", "dataset.limit=2",
+            "experiment.max_new_tokens=16", "decoding.window=3", "decoding.ngram=3", "decoding.guess=3",
+            "baseline=hf_greedy", decoders, "model.linear=both",
+            f"data_root={DATA_ROOT}", f"results_dir={tmp_path}"])
+    threads = torch.get_num_threads()
+    try:
+        path = runner.run(cfg)
+    finally:
+        torch.set_num_threads(threads)
+    assert "-" in path.name and "@" not in path.name                   # the file keeps the decoders' tag
+    rows = report.load_results([path])
+    names = ["hf_greedy", "lookahead", "hf_pld", "hf_assisted"]
+    assert sorted(set(rows.decoder)) == sorted(f"{n}@{k}" for n in names for k in ("stock", "stream"))
+    assert len(rows) == 2 * 2 * 8                                       # items x turns x decoders
+    assert (rows.linear == rows.decoder.str.rsplit("@", n=1).str[1]).all()
+    assert rows[rows.baseline].decoder.unique().tolist() == ["hf_greedy@stock"]
+    assert rows[~rows.baseline].matches_greedy.all()
+    # every call (warm-up included) ran on its twin's kernel, the draft model's too
+    assert {name for name, *_ in seen} == set(rows.decoder)
+    assert all(set(kinds) == {name.rsplit("@", 1)[1]} for name, *kinds in seen), seen
+    # the order rotates over all eight twins, so stock and stream calls interleave within an item
+    first = rows[(rows.item_id == rows.item_id.iloc[0]) & (rows.turn == 1)].sort_values("order")
+    assert first.linear.nunique() == 2
+    table = report.kernel_table(report.summarize(rows))
+    assert sorted(table.decoder) == sorted(names)
+    greedy = table.set_index("decoder").loc["hf_greedy"]
+    assert greedy.speedup_stock == 1.0 and greedy.speedup_stream > 0 and greedy["stream/stock"] == greedy.speedup_stream
+    assert "Each decoder on both linear kernels" in report.job_summary(path, rows)

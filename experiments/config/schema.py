@@ -44,6 +44,7 @@ class LinearKernel(str, Enum):
     auto = "auto"       # stream where it can run (CPU with AVX-512, float32), else stock
     stream = "stream"   # the weight-streaming kernel for steps of at most 12 rows; refused where it cannot run
     stock = "stock"     # PyTorch's own (MKL on CPUs)
+    both = "both"       # every decoder twice, <name>@stock and <name>@stream, interleaved on the same items
 
 
 class DataSource(str, Enum):

@@ -9,6 +9,7 @@ accepts. Nothing here imports torch: ``run.py`` validates first and imports the 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import importlib.util
@@ -181,6 +182,15 @@ class RunSettings:
     def decoders(self) -> tuple[Decoder, ...]:
         return (self.baseline, *self.candidates)
 
+    def reference(self, decoder: Decoder) -> Decoder:
+        """The decoder whose output ``decoder``'s is checked against: the baseline, on
+        ``decoder``'s own kernel under ``model.linear=both`` (the baseline's stream twin is
+        checked against the baseline)."""
+        if decoder.linear is None or decoder.linear == self.baseline.linear:
+            return self.baseline
+        twin = f"{self.baseline.name.rsplit('@', 1)[0]}@{decoder.linear}"
+        return next((d for d in self.decoders if d.name == twin and d is not decoder), self.baseline)
+
     def fingerprint(self) -> str:
         """Hash of every setting that changes a result row, except the seed and the item subset.
 
@@ -251,7 +261,7 @@ def to_settings(cfg: DictConfig, *, device: str | None = None) -> RunSettings:
     _check(device_map is None or device_map in DEVICE_MAPS or _DEVICE.fullmatch(device_map) is not None,
            "model.device_map", f"null, one of {', '.join(DEVICE_MAPS)}, or one device (cpu, mps, cuda, cuda:N)",
            device_map)
-    if run.model.linear is LinearKernel.stream:
+    if run.model.linear in (LinearKernel.stream, LinearKernel.both):
         where = device or run.device
         if device_map not in (None, "cpu"):
             where = f"{where} with model.device_map {device_map}"
@@ -282,6 +292,13 @@ def to_settings(cfg: DictConfig, *, device: str | None = None) -> RunSettings:
     names = [d.name for d in (baseline, *candidates)]
     if len(set(names)) != len(names):
         raise ConfigError(f"decoders: names must differ, got {names}; name variants with {{use: <option>, name: ...}}")
+    if any("@" in name for name in names):
+        raise ConfigError(f"decoders: a name may not contain '@' (it marks the kernel of model.linear=both's "
+                          f"twins), got {names}")
+    tag = config_tag(baseline, candidates, sampling, item_temperature=job.item_temperature)
+    if run.model.linear is LinearKernel.both:
+        baseline, *candidates = kernel_twins((baseline, *candidates))
+        candidates = tuple(candidates)
     if run.batch_size > 1:
         unbatched = [d.name for d in (baseline, *candidates) if not d.batched]
         if unbatched:
@@ -311,7 +328,7 @@ def to_settings(cfg: DictConfig, *, device: str | None = None) -> RunSettings:
         candidates=candidates,
         sampling=sampling,
         limits=limits,
-        config_tag=config_tag(baseline, candidates, sampling, item_temperature=job.item_temperature),
+        config_tag=tag,
         data_root=_resolve(root, run.data_root),
         results_dir=_resolve(root, run.results_dir),
         results_file=None if run.results_file is None else _resolve(root, run.results_file),
@@ -329,6 +346,23 @@ def to_settings(cfg: DictConfig, *, device: str | None = None) -> RunSettings:
         backend=run.parallel.backend,
         parallel_timeout_s=run.parallel.timeout_s,
     )
+
+
+KERNELS = ("stock", "stream")      # model.linear=both: the twins' kernels, in the order they are listed
+
+
+def kernel_twins(decoders: Sequence[Decoder]) -> list[Decoder]:
+    """``model.linear=both``: each decoder once per kernel, ``<name>@stock`` then ``<name>@stream``
+    (fresh copies, so that online state such as ``auto``'s acceptance is each twin's own); the
+    first (the baseline's stock twin) stays the baseline. The runner swaps the model's linear
+    layers to a twin's kernel around each of its calls (``lookahead_core.kernels.running``)."""
+    twins = []
+    for kernel in KERNELS:
+        for decoder in decoders:
+            twin = copy.deepcopy(decoder)
+            twin.name, twin.linear = f"{decoder.name}@{kernel}", kernel
+            twins.append(twin)
+    return twins
 
 
 BACKENDS = ("gloo", "nccl", "mpi")

@@ -59,6 +59,9 @@ class Decoder:
     kind: ClassVar[str]
     family: ClassVar[str] = "core"     # "core": this project's decode loop; "hf": transformers generate
     batched: ClassVar[bool] = False    # has generate_batch (the job's batch_size may exceed 1)
+    # The linear kernel this decoder's calls run on (stock or stream) when the job measures both
+    # (model.linear=both, settings.kernel_twins); None: the model's, as loaded.
+    linear: str | None = None
 
     @dataclass
     class Params:

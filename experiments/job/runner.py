@@ -24,6 +24,7 @@ import statistics
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -47,7 +48,7 @@ from experiments.grading.grade import score
 from experiments.rows.store import ResultStore, sidecar
 from experiments.data.datasets import PromptFormat
 from experiments.data.templates import get_prompt_template
-from experiments.config.schema import DEVICE_MAPS
+from experiments.config.schema import DEVICE_MAPS, LinearKernel
 from experiments.config.settings import RunSettings, load_items, plan, with_eos
 from experiments.models.tiny_tokenizer import ByteTokenizer
 
@@ -88,7 +89,8 @@ def run_job(settings: RunSettings, adapter: DatasetAdapter, items: list[Item],
         started = time.perf_counter()
         job = Job.start(settings, adapter, items)
         for decoder in settings.decoders:
-            decoder.prepare(job)
+            with job.kernel(decoder):
+                decoder.prepare(job)
         if on_start is not None:
             on_start(job)
         job.warm_up(batches[todo[0]])
@@ -314,7 +316,7 @@ class Job:
         model, tokenizer = model_loader.load_model(
             spec, dtype=model_config.dtype.value, device=settings.device,
             attn_implementation=model_config.attn_implementation.value, cache_dir=model_config.cache_dir,
-            linear=model_config.linear.value,
+            linear="stream" if model_config.linear is LinearKernel.both else model_config.linear.value,
             device_map=model_config.device_map if spec == model_config.spec else None,   # not a draft model's
         )
         if tokenizer is None:  # tiny random test models ship none
@@ -327,6 +329,15 @@ class Job:
             model, tokenizer = self._load(self.settings, spec)
             self.assistants[spec] = (model, None if isinstance(tokenizer, ByteTokenizer) else tokenizer)
         return self.assistants[spec]
+
+    def kernel(self, decoder: Decoder) -> AbstractContextManager[None]:
+        """The linear layers of the model and its draft models on ``decoder``'s kernel
+        (``model.linear=both``), else as loaded."""
+        stack = ExitStack()
+        if decoder.linear:
+            for model in (self.model, *(model for model, _ in self.assistants.values())):
+                stack.enter_context(kernels.running(model, decoder.linear))
+        return stack
 
     def calibration_items(self, want: int, offset: int | None = None) -> list[Item]:
         return calibration_items(self.adapter, self.settings, self.items, want, offset)
@@ -351,15 +362,16 @@ class Job:
         of batch size 1 (continuing ``states``), else ``generate_batch``, whose call time and
         forwards every sequence's :class:`Timed` shares."""
         limits, sampling = limits or self.settings.limits, sampling or self.settings.sampling
-        self.meter.reset()
-        _sync(self.model)
-        start = time.perf_counter()
-        if self.settings.batch_size == 1:
-            outputs = [decoder.generate(self, prompts[0], (states or [None])[0], limits, sampling)]
-        else:
-            outputs = decoder.generate_batch(self, prompts, limits, sampling)
-        _sync(self.model)
-        wall = time.perf_counter() - start
+        with self.kernel(decoder):        # the swap itself is not timed
+            self.meter.reset()
+            _sync(self.model)
+            start = time.perf_counter()
+            if self.settings.batch_size == 1:
+                outputs = [decoder.generate(self, prompts[0], (states or [None])[0], limits, sampling)]
+            else:
+                outputs = decoder.generate_batch(self, prompts, limits, sampling)
+            _sync(self.model)
+            wall = time.perf_counter() - start
         durations = self.meter.durations
         shared = (wall, durations[0] if durations else 0.0, sum(durations[1:]), len(durations))
         if self.settings.batch_size == 1:
@@ -492,14 +504,16 @@ def _median(runs: list[Timed]) -> Timed:
 def _turn_rows(job: Job, item: Item, turn: int, results: dict[str, Timed], answers: dict[str, list[str]],
                sampling: SamplingConfig, order: list[Decoder], prompts: dict[str, list[int]]) -> list[dict[str, Any]]:
     settings = job.settings
-    baseline = results[settings.baseline.name].output.tokens
     rows = []
     for decoder in settings.decoders:
         timed = results[decoder.name]
         tokens = timed.output.tokens
         row = make_row(job, item, turn, decoder, timed, sampling.temperature, order.index(decoder))
-        row.update(compare_to_baseline(job.lm, prompts, settings.baseline.name, decoder.name, baseline, tokens,
-                                       decoder is settings.baseline, sampling))
+        reference = settings.reference(decoder)
+        with job.kernel(reference):       # the reference's logits judge a difference
+            row.update(compare_to_baseline(job.lm, prompts, reference.name, decoder.name,
+                                           results[reference.name].output.tokens, tokens,
+                                           decoder is settings.baseline, sampling))
         row["text"] = answers[decoder.name][turn - 1]
         rows.append(row)
     return rows
@@ -514,6 +528,7 @@ def make_row(job: Job, item: Item, turn: int, decoder: Decoder, timed: Timed, te
     decode_s = timed.decode_s
     row = {
         **job.constants,
+        "linear": decoder.linear or job.constants["linear"],     # model.linear=both: the twin's kernel
         "item_id": item.item_id,
         "category": item.extra.get("category"),
         "turn": turn,

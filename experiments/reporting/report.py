@@ -341,6 +341,10 @@ def write_report(paths: Iterable[str | Path], out_dir: str | Path) -> Path:
             + ". Mean accepted tokens per step; the last rows count the items and turns per column.\n\n"
             + leaderboard_markdown(leaderboard(df[df["dataset"] == "specbench"]))]
           if (df["dataset"] == "specbench").any() else []),
+        *(["## Linear kernels (`model.linear=both`)\n\nEach decoder on PyTorch's linear layers (`stock`) and on "
+            "the streaming CPU kernel (`stream`) in the same job, interleaved on the same items; every speedup "
+            "is over the stock greedy baseline (`docs/cpu_kernels.md`).\n\n" + to_markdown(kernels)]
+          if len(kernels := kernel_table(table)) else []),
         *(["## `auto`: what calibrating cost beside the decoding it tuned\n\n" + AUTO_NOTE + "\n\n"
             + to_markdown(calibration)] if len(calibration) else []),
         *(["## Draft estimates: predicted against observed acceptance\n\nPer decoder (all its setups) and "
@@ -352,6 +356,32 @@ def write_report(paths: Iterable[str | Path], out_dir: str | Path) -> Path:
     report = out / "report.md"
     report.write_text("\n\n".join(sections) + "\n", encoding="utf-8")
     return report
+
+
+def kernel_table(table: pd.DataFrame) -> pd.DataFrame:
+    """Setups run with ``model.linear=both`` (decoders ``<name>@stock`` and ``<name>@stream``):
+    per setup and decoder, speedup and S on each kernel side by side, every speedup over the
+    setup's baseline (the stock twin of its greedy baseline, so the greedy stock row is 1 by
+    definition), and ``stream/stock``, what the kernel alone changes for that decoder."""
+    if "speedup" not in table or not table["decoder"].str.contains("@", regex=False).any():
+        return pd.DataFrame()
+    rows = table[table["decoder"].str.contains("@", regex=False)].copy()
+    rows[["name", "kernel"]] = rows["decoder"].str.rsplit("@", n=1, expand=True)
+    base = rows.dropna(subset=["against"]).drop_duplicates(["experiment", "model", "settings"])
+    greedy = base.assign(decoder=base["against"], kernel="stock", speedup=1.0, S=1.0, matches_greedy=None,
+                         name=base["against"].str.rsplit("@", n=1).str[0])
+    rows = pd.concat([greedy, rows], ignore_index=True)
+    out = []
+    for (experiment, model, _, name), group in rows.groupby(["experiment", "model", "settings", "name"], sort=False):
+        by = group.set_index("kernel")
+        if not {"stock", "stream"} <= set(by.index):
+            continue
+        out.append({"experiment": experiment, "model": model, "decoder": name, "items": int(group["items"].max()),
+                    "speedup_stock": by.at["stock", "speedup"], "speedup_stream": by.at["stream", "speedup"],
+                    "stream/stock": by.at["stream", "speedup"] / by.at["stock", "speedup"],
+                    "S_stock": by.at["stock", "S"], "S_stream": by.at["stream", "S"],
+                    "matches_greedy": group["matches_greedy"].astype("Float64").mean()})
+    return pd.DataFrame(out)
 
 
 AUTO_NOTE = ("`calibration_s`: what the job spent preparing the decoder (latency curve, calibration decodes; a pick "
@@ -426,6 +456,10 @@ def job_summary(path: Path, df: pd.DataFrame) -> str:
     if (df["dataset"] == "specbench").any():
         parts.append("Spec-Bench layout (speedup over the baseline per task, in two definitions: "
                      + leaderboard_note() + "):\n\n" + leaderboard_markdown(leaderboard(df)))
+    kernels = kernel_table(table)
+    if len(kernels):
+        parts.append("Each decoder on both linear kernels (speedups over the stock greedy baseline):\n\n"
+                     + to_markdown(kernels))
     if plot is not None:
         parts.append(f"plot: {plot}")
     parts.append(verdict(table))

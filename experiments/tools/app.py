@@ -57,6 +57,13 @@ def positive_lists(s: object, *keys: str) -> None:
             raise ConfigError(f"{key}: must be a non-empty list of ints >= 1, got {values}")
 
 
+def one_kernel(model: object) -> None:
+    """A tool measures one kernel: ``model.linear=both`` (both kernels, interleaved) is a run.py job's."""
+    if getattr(model.linear, "value", model.linear) == "both":
+        raise ConfigError("model.linear: both runs every decoder of a run.py job on both kernels; this tool "
+                          "measures one: stock, stream or auto")
+
+
 def launch(config_name: str, app: Callable[[], None], check: Callable[[DictConfig], object]) -> None:
     """Check the command line's overrides once (Hydra's own errors then come as one line too), then
     run the Hydra app ``app``; multirun, ``--help`` and ``hydra.`` overrides go to Hydra as given."""

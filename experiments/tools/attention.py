@@ -76,6 +76,7 @@ def check(cfg: DictConfig) -> AttentionConfig:
     s = OmegaConf.to_object(cfg)
     app.positive_lists(s, "kv", "sizes")
     app.at_least_one(s, "rounds", "threads")
+    app.one_kernel(s.model)
     if not s.report_only:
         check_packages(s.model)
     return s

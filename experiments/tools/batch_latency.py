@@ -52,6 +52,7 @@ def check(cfg: DictConfig) -> BatchLatencyConfig:
     s = OmegaConf.to_object(cfg)
     app.positive_lists(s, "batch_sizes", "sizes")
     app.at_least_one(s, "kv_length", "repeats", "threads")
+    app.one_kernel(s.model)
     check_packages(s.model)
     return s
 

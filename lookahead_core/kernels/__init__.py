@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import logging
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -115,6 +117,36 @@ def use_streaming_linear(model: torch.nn.Module) -> int:
     for parent, name, child in swaps:
         setattr(parent, name, StreamingLinear.of(child))
     return len(swaps)
+
+
+def use_stock_linear(model: torch.nn.Module) -> int:
+    """Put PyTorch's ``nn.Linear`` back, in place, wherever ``model`` runs a :class:`StreamingLinear`
+    (the same parameters); returns how many."""
+    swaps = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
+             if isinstance(child, StreamingLinear)]
+    for parent, name, child in swaps:
+        stock = torch.nn.Linear(child.in_features, child.out_features, bias=child.bias is not None, device="meta")
+        stock.weight, stock.bias = child.weight, child.bias
+        stock.train(child.training)
+        setattr(parent, name, stock)
+    return len(swaps)
+
+
+@contextmanager
+def running(model: torch.nn.Module, kernel: str) -> Iterator[None]:
+    """Within the block, ``model``'s linear layers run ``kernel`` (``stock`` or ``stream``); after
+    it, what they ran before. Swapping modules costs no copy: both hold the same parameters. This
+    is how one job measures both kernels on the same items (``model.linear=both``)."""
+    if kernel not in ("stock", "stream"):
+        raise ValueError(f"kernel must be stock or stream, got {kernel!r}")
+    before = linear_kernel(model)
+    if kernel != before:
+        (use_streaming_linear if kernel == "stream" else use_stock_linear)(model)
+    try:
+        yield
+    finally:
+        if kernel != before:
+            (use_streaming_linear if before == "stream" else use_stock_linear)(model)
 
 
 def linear_kernel(model: torch.nn.Module) -> str:
