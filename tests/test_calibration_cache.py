@@ -15,7 +15,7 @@ import torch
 from experiments.decoders import autotune
 from experiments.models.loader import tiny_random_model
 from lookahead_core import CausalLM, DraftStats, LookaheadConfig
-from lookahead_core.cost import CostModel
+from lookahead_core.cost import CostModel, kv_bucket
 
 KEY = autotune.CurveKey("smollm2_135m", "float32", "cpu:Some CPU", 1, "sdpa", 1, 256)
 
@@ -98,7 +98,7 @@ def test_the_key_of_a_loaded_model_names_its_dtype_chip_threads_and_bucket() -> 
     assert (key.dtype, key.threads, key.attention, key.batch, key.kv_length) == (
         "float32", torch.get_num_threads(), lm.attention, 1, 512)
     assert key.device.startswith("cpu:") and len(key.device) > 4
-    assert [autotune.kv_bucket(n) for n in (1, 64, 65, 300, 1000)] == [64, 64, 128, 512, 1024]
+    assert [kv_bucket(n) for n in (1, 64, 65, 300, 1000)] == [64, 64, 128, 512, 1024]
 
 
 def test_acceptance_is_stored_per_model_dataset_and_mode(tmp_path: Path) -> None:

@@ -42,7 +42,6 @@ from lookahead_core.drafts import Bins, Counts, DraftStats
 CACHE_FORMAT = 1           # bump when what a cached file means changes (its tags, its fields)
 PICK_FORMAT = 2            # a cached pick's; 2: its saved configs size suffix and recycle in ``sources``
 CURVE_FORMAT = 3           # a cached latency curve's; 2: the loop's host time per greedy step; 3: sizes 5, 7, 13
-HOST_TOKENS = 32           # greedy steps timed for that host time (after a warm-up of 4)
 
 FINALISTS = 3              # configs calibrated in full after the screen
 SCREEN_MIN_TOKENS = 8      # the screen decodes max(this, calibration tokens / 2) tokens per prompt
@@ -303,16 +302,6 @@ def device_name(device) -> str:
     return f"{device.type}:{chip(device) if device.type in ('cuda', 'cpu') else chip('cpu')}"
 
 
-def kv_bucket(kv_length: int) -> int:
-    """The power of two at or above ``kv_length`` (at least 64): the KV length a cached curve is
-    measured at, so that jobs whose prompts differ a little share it.
-
-    >>> [kv_bucket(n) for n in (1, 64, 65, 300, 1000)]
-    [64, 64, 128, 512, 1024]
-    """
-    return max(64, 1 << max(int(kv_length) - 1, 0).bit_length())
-
-
 @dataclass(frozen=True)
 class CurveKey:
     """What a forward's latency depends on, hence what a cached curve is keyed by."""
@@ -333,7 +322,7 @@ class CurveKey:
         from lookahead_core.kernels import linear_kernel
 
         return cls(model, str(lm.model.dtype).removeprefix("torch."), device_name(lm.device),
-                   torch.get_num_threads(), lm.attention, batch, kv_bucket(kv_length), linear_kernel(lm.model))
+                   torch.get_num_threads(), lm.attention, batch, cm.kv_bucket(kv_length), linear_kernel(lm.model))
 
     def path(self, root: Path) -> Path:
         return root / "latency" / f"{_slug(asdict(self))}.json"
@@ -356,8 +345,7 @@ class CurveNeed:
 
     def sizes(self) -> tuple[int, ...]:
         """The default sizes up to the first that holds ``tokens``."""
-        return tuple(k for k in cm.DEFAULT_SIZES if k < self.tokens) + (
-            min((k for k in cm.DEFAULT_SIZES if k >= self.tokens), default=self.tokens),)
+        return cm.sizes_through(self.tokens)
 
     def met_by(self, curve: cm.CostModel) -> bool:
         return max(curve.tokens) >= self.tokens and (curve.seconds_one_logit is not None or not self.one_logit)
@@ -368,19 +356,8 @@ class CurveNeed:
 
 
 def measure_curve(lm, *, kv_length: int, batch: int = 1, need: CurveNeed = CurveNeed()) -> cm.CostModel:
-    """:func:`lookahead_core.cost.measure_latency` at ``kv_length`` and ``batch`` for the sizes of
-    ``need``, with (at batch 1) the decode loop's host time per greedy step: the time outside
-    ``CausalLM.forward`` of a greedy decode of ``HOST_TOKENS`` tokens after 16 random ones (the
-    loop's own work, the same on any text)."""
-    import torch
-
-    curve = cm.measure_latency(lm, need.sizes(), kv_length=kv_length, batch=batch, one_logit=need.one_logit)
-    if batch > 1:
-        return curve
-    prompt = torch.randint(0, lm.model.config.vocab_size, (16,), generator=torch.Generator().manual_seed(0)).tolist()
-    decode(lm, prompt, None, DecodeLimits(4, ()))                                      # warm-up
-    stats = decode(lm, prompt, None, DecodeLimits(HOST_TOKENS, ())).stats
-    return replace(curve, host_seconds=max(0.0, stats.decode_seconds - stats.model_seconds) / max(stats.steps, 1))
+    """:func:`lookahead_core.cost.step_costs` at ``kv_length`` and ``batch`` for the sizes of ``need``."""
+    return cm.step_costs(lm, need.sizes(), kv_length=kv_length, batch=batch, one_logit=need.one_logit)
 
 
 def latency_curve(lm, key: CurveKey, root: Path, *, remeasure: bool = False, need: CurveNeed = CurveNeed(),

@@ -476,3 +476,38 @@ class HFEarlyExit(HFGenerate):
     def generate_kwargs(self, job) -> dict[str, Any]:
         return {"assistant_early_exit": self.params.assistant_early_exit,
                 "num_assistant_tokens": self.params.num_assistant_tokens}
+
+
+@register("hf_custom")
+class HFCustomGenerate(HFGenerate):
+    """transformers' ``generate`` running this project's decoder from the repository's ``hub/``
+    folder (``generate(custom_generate=<repo>/hub, trust_remote_code=True, lookahead=<config>)``):
+    what a user of ``custom_generate`` gets, measured beside ``decode()`` of the same config (a
+    ``core`` decoder with the same keys). Its keys are the core decoders' (``lookahead: false``:
+    the loop without drafts); each call pays what a user's does, transformers loading the folder
+    included."""
+
+    Params = _core_params()
+
+    def __init__(self, name: str, params: Any, seed: int = 0) -> None:
+        params = with_sources(params)
+        super().__init__(name, params, seed)
+        self.config = lookahead_config(params, seed)    # validates (ValueError names the field)
+        if params.heads:
+            raise ValueError("heads: Medusa heads are not loaded through custom_generate; use a core decoder")
+        self._stats: list = []
+
+    def columns(self) -> dict[str, Any]:
+        return {**core_columns(self.config),
+                "params": json.dumps(config_fields(self.config), sort_keys=True, default=str)}
+
+    def generate_kwargs(self, job) -> dict[str, Any]:
+        from experiments.data.datasets import repo_root
+
+        return {"custom_generate": str(repo_root() / "hub"), "trust_remote_code": True,
+                "lookahead": self.config or "greedy", "lookahead_stats": self._stats}
+
+    def generate_batch(self, job, prompts, limits, sampling) -> list[Generation]:
+        self._stats.clear()
+        generations = super().generate_batch(job, prompts, limits, sampling)
+        return [dataclasses.replace(g, stats=s) for g, s in zip(generations, self._stats, strict=True)]

@@ -155,6 +155,25 @@ def survey_config(grid: Sequence[LookaheadConfig]) -> LookaheadConfig | None:
                            sources=sizes, **widest)
 
 
+HOST_TOKENS = 32           # greedy steps timed for the loop's host time per step (after a warm-up of 4)
+
+
+def step_costs(model: torch.nn.Module | CausalLM, sizes: Sequence[int], *, kv_length: int, batch: int = 1,
+               one_logit: bool = True) -> CostModel:
+    """:func:`measure_latency` of ``sizes`` at ``kv_length`` and ``batch``, with (at batch 1) the
+    decode loop's host time per greedy step: the time outside ``CausalLM.forward`` of a greedy
+    decode of ``HOST_TOKENS`` tokens after 16 random ones (the loop's own work, the same on any
+    text). What :func:`widest_tree`'s step cuts price."""
+    lm = model if isinstance(model, CausalLM) else CausalLM(model)
+    curve = measure_latency(lm, sizes, kv_length=kv_length, batch=batch, one_logit=one_logit)
+    if batch > 1:
+        return curve
+    prompt = torch.randint(0, lm.model.config.vocab_size, (16,), generator=torch.Generator().manual_seed(0)).tolist()
+    decode(lm, prompt, None, DecodeLimits(4, ()))                                      # warm-up
+    stats = decode(lm, prompt, None, DecodeLimits(HOST_TOKENS, ())).stats
+    return replace(curve, host_seconds=max(0.0, stats.decode_seconds - stats.model_seconds) / max(stats.steps, 1))
+
+
 def widest_tree(cost_model: CostModel, grid: Sequence[LookaheadConfig] | None = None) -> LookaheadConfig | None:
     """The online pick: one tree drafting from every source of ``grid``'s token trees (default
     :func:`default_grid`), as wide and as deep as the widest of them (:func:`survey_config`), with

@@ -299,6 +299,25 @@ def measure_latency(
                      attention=lm.attention)
 
 
+def sizes_through(tokens: int, sizes: Sequence[int] = DEFAULT_SIZES) -> tuple[int, ...]:
+    """``sizes`` up to the first that holds a step of ``tokens`` tokens.
+
+    >>> sizes_through(10, (1, 2, 4, 8, 12, 16))
+    (1, 2, 4, 8, 12)
+    """
+    return tuple(k for k in sizes if k < tokens) + (min((k for k in sizes if k >= tokens), default=tokens),)
+
+
+def kv_bucket(kv_length: int) -> int:
+    """The power of two at or above ``kv_length`` (at least 64): the KV length a curve is measured
+    at, so that prompts whose lengths differ a little share it.
+
+    >>> [kv_bucket(n) for n in (1, 64, 65, 300, 1000)]
+    [64, 64, 128, 512, 1024]
+    """
+    return max(64, 1 << max(int(kv_length) - 1, 0).bit_length())
+
+
 def bent_sizes(sizes: Sequence[int], seconds: Sequence[float], tolerance: float = 0.02) -> list[int]:
     """The sizes k > 1 whose forward is more than ``tolerance`` faster than one token's.
 

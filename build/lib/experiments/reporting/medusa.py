@@ -1,0 +1,104 @@
+"""Medusa heads against the training-free token tree, as one table over result folders.
+
+    python -m experiments.reporting.medusa results/medusa      # writes results/medusa/table.md
+
+Per model and set: every decoder's S, tokens fed per step and speedup over the jobs' baseline
+(``generate`` greedy in ``scripts/runs/medusa/bench.sh``), named by its role in the comparison;
+then the Medusa nodes' acceptance per head (depth) and the decoders' time outside the model. The
+heads themselves: ``python -m experiments.tools.medusa model=<name> show=true``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from experiments.reporting import report
+from experiments.reporting.drafts import draft_acceptance
+from experiments.reporting.tables import cell, markdown
+
+
+def label(row: pd.Series) -> str:
+    """A row's decoder as the benchmarks name it: a core config's label (``pool_N4G0_tree_md7_d4``,
+    ``greedy``), prompt lookup's ``hf_pld_k<k>``, else the decoder's name."""
+    from lookahead_core.config import config_label
+
+    if row["family"] == "core":
+        return config_label(report.row_config(row["params"]))
+    if not pd.isna(row["prompt_lookup"]):
+        return f"hf_pld_k{int(row['prompt_lookup'])}"
+    return row["decoder"]
+
+
+def role(label: str) -> str:
+    """What a benchmarked decoder is, in the Medusa comparison."""
+    if "_md" in label:
+        return "Medusa + training-free tree" if ("sfx" in label or "rc" in label) else "Medusa heads alone"
+    if label.startswith("pool_") and "tree" in label:
+        return "training-free tree"
+    if label.startswith("hf_pld_k"):
+        return f"prompt lookup k={label[len('hf_pld_k'):]}"
+    return {"hf_greedy": "generate greedy", "greedy": "core greedy"}.get(label, label)
+
+
+def summary(df: pd.DataFrame) -> list[dict]:
+    """One model and set's rows: the baseline's summary row, then each decoder's against it (the
+    harness's :func:`experiments.reporting.report.summarize`, rows of several jobs pooled)."""
+    df = df.assign(**{key: "+".join(dict.fromkeys(df[key].astype(str))) for key in ("config", "settings")})
+    base = df[df["baseline"].fillna(False)]
+    rows = []
+    if len(base):
+        row = report.summarize_decoder(tuple(base[report.GROUP].iloc[0]), base, base)
+        rows.append({**row, "speedup": 1.0, "speedup_median": 1.0, "matches_greedy": 1.0})
+    rows += report.summarize(df).to_dict("records") if (~df["baseline"].fillna(False)).any() else []
+    labels = labels_of(df)
+    return [{**row, "label": labels[row["decoder"]]} for row in rows]
+
+
+def labels_of(df: pd.DataFrame) -> dict[str, str]:
+    """Each decoder of ``df`` -> its :func:`label`."""
+    return {r["decoder"]: label(r) for _, r in df.drop_duplicates("decoder").iterrows()}
+
+
+def collect(root: Path) -> str:
+    """``root``'s result CSVs (``scripts/runs/medusa/bench.sh``) as one table: per model and set,
+    every decoder's S, tokens fed per step and speedup over the baseline; then the Medusa nodes'
+    acceptance per head (depth) and the decoders' overhead. Written to ``root/table.md``."""
+    speed, heads = [], []
+    rows = report.load_results([root])
+    for (model, experiment), df in rows.groupby(["model", "experiment"], sort=True):
+        for r in summary(df):
+            speed.append({"model": model, "set": experiment, "decoder": role(r["label"]), "config": r["label"],
+                          "prompts": r["rows"], "S": f"{r['S']:.2f}", "tokens/step": cell(r["tokens_per_step"], ".1f"),
+                          "speedup (sum)": f"{r['speedup']:.2f}x", "speedup (median)": f"{r['speedup_median']:.2f}x",
+                          "outside the model": f"{100 * r['overhead']:.0f}%",
+                          "equal to greedy": f"{r['matches_greedy']:.0%}"})
+        acceptance = draft_acceptance(df)
+        if len(acceptance):
+            labels = labels_of(df)
+            for decoder, group in acceptance[acceptance["source"] == "medusa"].groupby("decoder"):
+                row = {"model": model, "set": experiment, "decoder": role(labels[decoder])}
+                for _, r in group.sort_values("depth").iterrows():
+                    row[f"head {r['depth']}"] = (f"{r['acceptance']:.2f} ({r['accepted']}/{r['tried']})"
+                                                 if r["tried"] else "-")
+                heads.append(row)
+    text = "## Speed (ratio of summed decode time against the baseline, same run)\n\n"
+    text += markdown(pd.DataFrame(speed, dtype=object)) if speed else "(no runs)\n"
+    text += "\n\n## Medusa nodes: accepted / tried per head (depth), summed over prompts\n\n"
+    text += markdown(pd.DataFrame(heads, dtype=object).fillna("-")) if heads else "(no Medusa rows)"
+    text += "\n"
+    (root / "table.md").write_text(text)
+    return text
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("root", type=Path, help="a folder of result CSVs (searched recursively); table.md goes there")
+    print(collect(parser.parse_args(argv).root))
+
+
+if __name__ == "__main__":
+    main()

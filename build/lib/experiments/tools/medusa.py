@@ -1,0 +1,371 @@
+"""Train Medusa-1 heads for a model the harness runs, on text no evaluated item contains.
+
+    python -m experiments.tools.medusa                                        # SmolLM2-135M: about 20-30 min here
+    python -m experiments.tools.medusa model=qwen25_coder_05b tokens=60000
+    python -m experiments.tools.medusa model=smollm2_135m show=true           # where they are, how they did
+    python -m experiments.reporting.medusa results/medusa                     # the benchmark runs as one table
+
+Configured by ``conf/medusa.yaml`` (the ``model`` group of ``run.py`` and this tool's keys, typed by
+:class:`MedusaConfig`); a bad key or value fails in one line naming it, before torch loads.
+
+The text is the Python standard library of the running interpreter, read from its files (no
+download, the same on every machine with that Python): half **code** (the modules' source, in a
+seeded order) and half **prose** (their docstrings: modules, classes, functions). No benchmark item
+(MT-Bench, HumanEval, MBPP, ClassEval, CNN/DM, XSum, Spec-Bench) is drawn from it.
+
+Method (Medusa-1): the base model is frozen; its last hidden states over the corpus (256-token
+chunks) are computed once and cached as fp16 shards outside the repository, with the base's own
+argmax at every position. Head k is trained to predict the base's argmax k positions later (self-
+distillation: what greedy decoding will verify), loss weighted 0.8 ** (k - 1), the heads sharing the
+base's LM head (only the residual blocks train: see ``lookahead_core/medusa.py``). 5% of the chunks
+are held out: their per-head, per-rank accuracy is the tree's prior (``config.json``, ``accuracy``)
+and the curve (``curve.csv``, ``curve.png``: loss and top-1 per head). Every stage resumes: shards
+already cached are kept, and training restarts from its last checkpoint.
+
+The heads go to ``<model.cache_dir or $LOOKAHEAD_CACHE>/medusa/<model.name>`` (default
+``~/.cache/lookahead_bench``), where ``decoding=medusa`` finds them.
+"""
+
+from __future__ import annotations
+
+import ast
+import csv
+import json
+import random
+import sys
+import sysconfig
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import hydra
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+from experiments.config.errors import ConfigError
+from experiments.config.schema import ModelConfig
+from experiments.config.settings import check_packages
+from experiments.data.datasets import repo_root
+from experiments.tools import app
+
+
+@dataclass
+class MedusaConfig:
+    """``conf/medusa.yaml``: the base model (``model``, the harness's group) and the training."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    out: Optional[str] = None              # the heads' folder; None: the cache's, keyed by model.name
+    show: bool = False                     # print where the heads are and how they did; train nothing
+    heads: int = 4
+    layers: int = 1                        # residual blocks per head
+    tokens: int = 120_000                  # corpus tokens (half code, half prose)
+    steps: int = 1000
+    batch: int = 256                       # positions per step
+    lr: float = 1e-3
+    eval_every: int = 50                   # held-out evaluation and checkpoint every this many steps
+    seed: int = 0
+    threads: Optional[int] = None          # torch.set_num_threads; None keeps torch's default
+    device: str = "cpu"
+
+
+ConfigStore.instance().store(name="medusa_schema", node=MedusaConfig)
+
+
+def check(cfg: DictConfig) -> MedusaConfig:
+    """The composed config as a :class:`MedusaConfig`; a value out of range (or a model whose
+    packages are missing) is a ConfigError naming its key."""
+    s = OmegaConf.to_object(cfg)
+    app.at_least_one(s, "heads", "layers", "tokens", "steps", "batch", "eval_every")
+    if s.heads >= CHUNK:
+        raise ConfigError(f"heads: must be below the chunk length {CHUNK}, got {s.heads}")
+    if not s.lr > 0:
+        raise ConfigError(f"lr: must be positive, got {s.lr}")
+    if s.threads is not None and s.threads < 1:
+        raise ConfigError(f"threads: must be at least 1 or null, got {s.threads}")
+    check_packages(s.model)
+    return s
+
+
+def heads_folder(s: MedusaConfig) -> Path:
+    from experiments.models.heads import heads_dir   # the loader's cache root: imports torch
+
+    return Path(s.out).expanduser() if s.out else heads_dir(s.model.name, s.model.cache_dir)
+
+
+CHUNK = 256                     # tokens per training chunk
+HELD_OUT = 0.05                 # share of chunks held out for the accuracy table
+LOSS_DECAY = 0.8                # head k's loss weight: LOSS_DECAY ** (k - 1)
+CORPUS = "python-stdlib-v2"     # names the corpus recipe below (part of the cache key)
+
+
+# ---------------------------------------------------------------------------------------------
+# The corpus: the standard library's code and docstrings
+
+
+def stdlib_files(seed: int) -> list[Path]:
+    """The standard library's modules in a seeded order: no tests, no IDLE, no site-packages, and no
+    ``encodings`` (generated charmap tables, not code anyone writes)."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    skip = {"test", "tests", "idlelib", "site-packages", "dist-packages", "lib2to3", "turtledemo", "encodings"}
+    files = sorted(p for p in root.rglob("*.py") if not skip & set(p.relative_to(root).parts))
+    random.Random(seed).shuffle(files)
+    return files
+
+
+def docstrings(source: str) -> list[str]:
+    """The module's, classes' and functions' docstrings, in file order."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return []
+    nodes = [tree] + [n for n in ast.walk(tree) if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))]
+    return [doc for n in nodes if (doc := ast.get_docstring(n)) and len(doc) > 80]
+
+
+def corpus_chunks(tokenizer, tokens: int, seed: int = 0) -> tuple[list[list[int]], dict]:
+    """``tokens`` tokens of stdlib text as CHUNK-token chunks: half code, half prose; and what was used."""
+    per_kind = tokens // 2
+    chunks: list[list[int]] = []
+    used = {"code": [], "prose": []}
+    root = Path(sysconfig.get_paths()["stdlib"])
+    for kind in ("code", "prose"):
+        buffer: list[int] = []
+        budget = per_kind
+        for path in stdlib_files(seed):
+            try:
+                source = path.read_text(encoding="utf-8")
+            except (UnicodeDecodeError, OSError):
+                continue
+            texts = [source] if kind == "code" else docstrings(source)
+            if not texts:
+                continue
+            used[kind].append(str(path.relative_to(root)))
+            for text in texts:
+                buffer += tokenizer.encode(text + "\n\n", add_special_tokens=False)
+            while len(buffer) >= CHUNK and budget >= CHUNK:
+                chunks.append(buffer[:CHUNK])
+                buffer, budget = buffer[CHUNK:], budget - CHUNK
+            if budget < CHUNK:
+                break
+    record = {"corpus": CORPUS, "python": sys.version.split()[0], "stdlib": str(root), "seed": seed,
+              "tokens": len(chunks) * CHUNK, "chunk": CHUNK, "files": {k: len(v) for k, v in used.items()},
+              "first_files": {k: v[:5] for k, v in used.items()}}
+    return chunks, record
+
+
+# ---------------------------------------------------------------------------------------------
+# Stage 1: the base's hidden states, cached once
+
+
+def cache_hidden(model, chunks: list[list[int]], folder: Path, batch: int = 8) -> float:
+    """fp16 last hidden states and the base's argmax for every chunk, in shards of ``batch`` chunks
+    (a shard already on disk is kept: the stage resumes); returns the seconds all shards took."""
+    import torch
+    from tqdm import tqdm
+
+    folder.mkdir(parents=True, exist_ok=True)
+    timing = folder / "seconds.json"
+    seconds = json.loads(timing.read_text())["seconds"] if timing.is_file() else 0.0
+    starts = range(0, len(chunks), batch)
+    todo = [s for s in starts if not (folder / f"shard_{s:06d}.pt").is_file()]
+    for start in tqdm(todo, desc="hidden states", unit="shard", disable=not todo):
+        t0 = time.perf_counter()
+        ids = torch.tensor(chunks[start:start + batch], device=model.device)
+        with torch.inference_mode():
+            out = model(input_ids=ids, output_hidden_states=True, use_cache=False)
+        shard = {"hidden": out.hidden_states[-1].to(torch.float16).cpu(),
+                 "argmax": out.logits.argmax(-1).to(torch.int32).cpu()}
+        tmp = folder / f"shard_{start:06d}.tmp"
+        torch.save(shard, tmp)
+        tmp.rename(folder / f"shard_{start:06d}.pt")
+        seconds += time.perf_counter() - t0
+        timing.write_text(json.dumps({"seconds": round(seconds, 1)}))
+    return seconds
+
+
+def load_hidden(folder: Path):
+    """The cached hidden states and argmaxes, in host memory: each batch goes to the heads' device
+    as it is drawn (``evaluate``, ``train``), so a large corpus need not fit the GPU."""
+    import torch
+
+    shards = [torch.load(p, weights_only=True) for p in sorted(folder.glob("shard_*.pt"))]
+    return torch.cat([s["hidden"] for s in shards]), torch.cat([s["argmax"] for s in shards]).long()
+
+
+# ---------------------------------------------------------------------------------------------
+# Stage 2: the heads
+
+
+def head_targets(argmax, positions, heads: int):
+    """For positions (c, t): head k's target is the base's argmax at (c, t + k)."""
+    import torch
+
+    c, t = positions
+    return torch.stack([argmax[c, t + k] for k in range(1, heads + 1)])        # (K, B)
+
+
+def evaluate(heads, hidden, argmax, positions, ranks: int = 10) -> list[list[float]]:
+    """Per head, the share of positions whose target is the head's rank-r token (r < ranks)."""
+    import torch
+
+    c, t = positions
+    device = next(heads.parameters()).device
+    targets = head_targets(argmax, positions, heads.num_heads).to(device)
+    hits = torch.zeros(heads.num_heads, ranks, device=device)
+    with torch.inference_mode():
+        for s in range(0, len(c), 512):
+            logits = heads(hidden[c[s:s + 512], t[s:s + 512]].to(device).float())   # (K, b, V)
+            top = logits.topk(ranks, dim=-1).indices                             # (K, b, r)
+            hits += (top == targets[:, s:s + 512, None]).sum(1).float()
+    return (hits / len(c)).tolist()
+
+
+def train(s: MedusaConfig) -> Path:
+    import torch
+    from tqdm import tqdm
+
+    from experiments.models.loader import load_model
+    from lookahead_core.medusa import for_model, save_heads
+
+    if s.threads:
+        torch.set_num_threads(s.threads)
+    out = heads_folder(s)
+    work = out / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    model, tokenizer = load_model(s.model.spec, dtype="float32", device=s.device, cache_dir=s.model.cache_dir)
+    if tokenizer is None:                           # the tiny random test models ship none
+        from experiments.models.tiny_tokenizer import ByteTokenizer
+        tokenizer = ByteTokenizer(model.config.vocab_size)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    chunks, record = corpus_chunks(tokenizer, s.tokens, s.seed)
+    if len(chunks) < 20:
+        raise SystemExit(f"the corpus gave {len(chunks)} chunks of {CHUNK} tokens: ask for more tokens (tokens=)")
+    key = {"model": s.model.name, **{k: record[k] for k in ("corpus", "python", "seed", "tokens")}}
+    hidden_dir = work / ("hidden_" + "_".join(f"{v}" for v in key.values()).replace("/", "-"))
+    cache_seconds = cache_hidden(model, chunks, hidden_dir)
+    hidden, argmax = load_hidden(hidden_dir)
+    n_eval = max(1, int(len(chunks) * HELD_OUT))
+    g = torch.Generator().manual_seed(s.seed)
+    order = torch.randperm(len(chunks), generator=g)
+    train_chunks, eval_chunks = order[n_eval:], order[:n_eval]
+    last = CHUNK - s.heads                      # positions with a target for every head
+    eval_pos = (eval_chunks.repeat_interleave(last), torch.arange(last).repeat(len(eval_chunks)))
+
+    heads = for_model(model, s.heads, s.layers, shared=True)
+    device = next(heads.parameters()).device       # the model's (device=): the cached states are on the host
+    heads.train()
+    optimizer = torch.optim.AdamW(heads.parameters(), lr=s.lr, weight_decay=0.0)
+    state_path, curve_path = work / "train_state.pt", out / "curve.csv"
+    state_key = {**key, "heads": s.heads, "layers": s.layers, "lr": s.lr, "batch": s.batch}
+    step, seconds, curve, accuracy = 0, 0.0, [], None
+    if state_path.is_file():
+        saved = torch.load(state_path, weights_only=False, map_location=device)
+        if saved["key"] == state_key:
+            heads.heads.load_state_dict(saved["heads"])
+            optimizer.load_state_dict(saved["optimizer"])
+            step, seconds, curve = saved["step"], saved["seconds"], saved["curve"]
+            print(f"resuming at step {step} of {s.steps}")
+    weights = torch.tensor([LOSS_DECAY ** k for k in range(s.heads)], device=device)
+    bar = tqdm(total=s.steps, initial=step, desc=f"medusa heads ({s.model.name})", unit="step")
+    while step < s.steps:
+        t = time.perf_counter()
+        pick = torch.randint(len(train_chunks), (s.batch,), generator=g)
+        pos = (train_chunks[pick], torch.randint(last, (s.batch,), generator=g))
+        targets = head_targets(argmax, pos, s.heads).to(device)
+        logits = heads(hidden[pos[0], pos[1]].to(device).float())              # (K, B, V)
+        losses = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(),
+                                                   reduction="none").view(s.heads, -1).mean(1)
+        optimizer.zero_grad()
+        (losses * weights).sum().backward()
+        optimizer.step()
+        step += 1
+        seconds += time.perf_counter() - t
+        top1 = (logits.argmax(-1) == targets).float().mean(1)
+        row = {"step": step, "seconds": round(seconds, 1),
+               **{f"loss_{k + 1}": round(float(losses[k].detach()), 4) for k in range(s.heads)},
+               **{f"top1_{k + 1}": round(float(top1[k]), 4) for k in range(s.heads)}}
+        checkpoint = step % s.eval_every == 0 or step == s.steps     # the last step always is one
+        if checkpoint:
+            heads.eval()
+            accuracy = evaluate(heads, hidden, argmax, eval_pos)
+            heads.train()
+            row.update({f"heldout_top1_{k + 1}": round(accuracy[k][0], 4) for k in range(s.heads)})
+        curve.append(row)
+        bar.update(1)
+        bar.set_postfix(loss=f"{float(losses[0].detach()):.2f}", top1=f"{float(top1[0]):.2f}")
+        if checkpoint:
+            tmp = state_path.with_suffix(".tmp")
+            torch.save({"key": state_key, "heads": heads.heads.state_dict(), "optimizer": optimizer.state_dict(),
+                        "step": step, "seconds": seconds, "curve": curve}, tmp)
+            tmp.rename(state_path)
+    bar.close()
+    heads.eval()
+    if accuracy is None:                           # resumed after the last step: nothing evaluated yet
+        accuracy = evaluate(heads, hidden, argmax, eval_pos)
+    heads.accuracy = accuracy
+    heads.training_record = {**record, "targets": "the base's argmax k positions ahead (self-distillation)",
+                             "held_out_chunks": n_eval, "steps": s.steps, "batch": s.batch, "lr": s.lr,
+                             "loss_decay": LOSS_DECAY, "train_seconds": round(seconds, 1),
+                             "hidden_cache_seconds": round(cache_seconds, 1), "threads": torch.get_num_threads(),
+                             "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+    save_heads(heads, out)
+    write_curve(curve, curve_path)
+    plot_curve(curve, out / "curve.png", s.model.name)
+    print(f"heads saved to {out}; held-out top-1 per head: {[round(a[0], 3) for a in accuracy]}")
+    return out
+
+
+def write_curve(curve: list[dict], path: Path) -> None:
+    fields = list(dict.fromkeys(k for row in curve for k in row))
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fields)
+        writer.writeheader()
+        writer.writerows(curve)
+
+
+def plot_curve(curve: list[dict], path: Path, title: str) -> Path:
+    """Training loss (smoothed over 20 steps) and held-out top-1 per head against steps."""
+    import pandas as pd
+    from matplotlib.figure import Figure
+
+    df = pd.DataFrame(curve)
+    heads = sorted(int(c.split("_")[1]) for c in df if c.startswith("loss_"))
+    fig = Figure(figsize=(10, 4))
+    loss_ax, acc_ax = fig.subplots(1, 2)
+    for k in heads:
+        loss_ax.plot(df["step"], df[f"loss_{k}"].rolling(20, min_periods=1).mean(), label=f"head {k}")
+        if f"heldout_top1_{k}" in df:
+            held = df.dropna(subset=[f"heldout_top1_{k}"])
+            acc_ax.plot(held["step"], held[f"heldout_top1_{k}"], marker="o", label=f"head {k}")
+    loss_ax.set(xlabel="step", ylabel="cross-entropy (train, 20-step mean)", title=f"{title}: loss")
+    acc_ax.set(xlabel="step", ylabel="top-1 accuracy (held-out)", title=f"{title}: held-out top-1")
+    loss_ax.legend(), acc_ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return path
+
+
+def show(s: MedusaConfig) -> None:
+    from experiments.models.heads import train_command
+
+    folder = heads_folder(s)
+    config = folder / "config.json"
+    if not config.is_file():
+        raise SystemExit(f"no heads for {s.model.name} at {folder}; train them with `{train_command(s.model.name)}`")
+    data = json.loads(config.read_text())
+    print(folder)
+    print(json.dumps({k: data[k] for k in ("medusa_num_heads", "medusa_num_layers", "base_model_name_or_path",
+                                           "training")}, indent=1))
+    print("held-out top-1 per head:", [round(a[0], 3) for a in data["accuracy"]])
+
+
+@hydra.main(config_path=str(repo_root() / "conf"), config_name="medusa", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    s = app.checked(cfg, check)
+    show(s) if s.show else train(s)
+
+
+if __name__ == "__main__":
+    app.launch("medusa", main, check)

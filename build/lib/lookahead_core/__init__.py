@@ -1,0 +1,70 @@
+"""Lossless lookahead decoding (Fu et al., ICML 2024) for any Hugging Face causal LM.
+
+    >>> from lookahead_core import decode, LookaheadConfig, DecodeLimits
+    >>> out = decode(model, input_ids, LookaheadConfig(window=7, ngram=5, guess=7),
+    ...              DecodeLimits(max_new_tokens=128, eos_token_ids=(tokenizer.eos_token_id,)))
+    >>> out.tokens, out.stats.compression
+
+``decode(model, ids)`` with no lookahead config is the greedy baseline through the same loop.
+Pass a ``CausalLM(model)`` instead of the model to skip re-inspecting it on every call.
+Before the first branching lookahead step on a model, ``probe`` checks that the model computes
+such a step right and refuses it otherwise (``UnsupportedModelError``). ``divergence`` tells a
+departure from greedy caused by a near-tie in fp16/bf16 numerics from a real mismatch.
+"""
+
+from importlib import import_module
+from typing import TYPE_CHECKING
+
+# Exports load on first use: ``from lookahead_core.config import LookaheadConfig`` (or
+# ``lookahead_core.LookaheadConfig``) validates a config without importing torch, so a harness can
+# reject a bad config before any heavy import. tests/test_layering.py holds this rule.
+_EXPORTS: dict[str, str] = {
+    "DecodeLimits": "config", "LookaheadConfig": "config", "SamplingConfig": "config",
+    "DecodeOutput": "decoder", "DecodeState": "decoder", "DecodeStats": "decoder", "decode": "decoder",
+    "decode_batch": "decoder", "DraftStats": "drafts", "LOGIT_TOLERANCE": "numerics", "Divergence": "numerics",
+    "divergence": "numerics", "CausalLM": "model_io", "NGramPool": "pool", "ProbeResult": "capability",
+    "UnsupportedModelError": "capability", "probe": "capability",
+}
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'lookahead_core' has no attribute {name!r}")
+    value = getattr(import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
+
+
+if TYPE_CHECKING:
+    from .capability import ProbeResult, UnsupportedModelError, probe
+    from .config import DecodeLimits, LookaheadConfig, SamplingConfig
+    from .decoder import DecodeOutput, DecodeState, DecodeStats, decode, decode_batch
+    from .drafts import DraftStats
+    from .model_io import CausalLM
+    from .numerics import LOGIT_TOLERANCE, Divergence, divergence
+    from .pool import NGramPool
+
+__all__ = [
+    "CausalLM",
+    "DecodeLimits",
+    "DecodeOutput",
+    "DecodeState",
+    "DecodeStats",
+    "Divergence",
+    "DraftStats",
+    "LOGIT_TOLERANCE",
+    "LookaheadConfig",
+    "NGramPool",
+    "ProbeResult",
+    "SamplingConfig",
+    "UnsupportedModelError",
+    "decode",
+    "decode_batch",
+    "divergence",
+    "probe",
+]

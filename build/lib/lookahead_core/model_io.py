@@ -1,0 +1,321 @@
+"""The only place that touches the model: its forward call and the KV cache API.
+
+No model class is imported and nothing is patched. What differs between architectures is read
+from the config: which attention types the layers use (``config.layer_types``, or a single
+``config.sliding_window`` as Mistral has) and therefore which masks the forward needs.
+"""
+
+from __future__ import annotations
+
+import inspect
+import weakref
+from dataclasses import dataclass
+
+import torch
+from transformers import AttentionInterface, DynamicCache
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from .inputs import vocab_size
+from .layout import attention_mask
+from .positions import position_limit
+
+SUPPORTED_ATTENTION = ("eager", "sdpa", "flex_attention")
+_FULL, _SLIDING = "full_attention", "sliding_attention"
+GQA_SDPA = "lookahead_gqa_sdpa"
+"""transformers' SDPA attention with grouped-query heads folded into the query rows on branching
+steps (:func:`gqa_sdpa_attention`); ``CausalLM`` selects it for a GQA model loaded with ``sdpa``."""
+
+
+class CausalLM:
+    """A Hugging Face causal LM seen through ``model(input_ids, position_ids, attention_mask, cache)``.
+
+    A step whose rows branch (window, several candidates) passes an explicit mask per attention
+    type: a float 4-D mask under eager and SDPA, a flex ``BlockMask`` under flex_attention (built
+    from the same rule, :mod:`lookahead_core.flex`). A step that is a plain causal chain (the
+    prefill, greedy steps, one candidate and no window) passes none under eager and SDPA: the
+    model builds its own causal mask, which lets SDPA take its unmasked kernel for 1-token steps,
+    as ``generate`` does; under flex_attention it gets a chain ``BlockMask`` (transformers' own
+    sliding-window block mask does not compile on the CPU, see :mod:`lookahead_core.flex`). The
+    cache is a plain ``DynamicCache`` that keeps every position: sliding-window layers get the window from the mask (ours, or the
+    model's own, built from the same positions) instead of from a cache that drops old rows, which
+    keeps KV commits a simple re-index.
+
+    ``drafters``: trained draft models by source name (``{"medusa": MedusaHeads}``), for the
+    sources registered with ``drafter=True`` (``lookahead_core/sources.py``).
+
+    :class:`lookahead_core.parallel.ShardedLM` is the same interface with each step's rows split
+    over the ranks of a process group (``sharded``; ``comm_seconds``: time in its collectives).
+    """
+
+    sharded = False
+    comm_seconds = 0.0
+
+    def __init__(self, model: torch.nn.Module, drafters: dict | None = None) -> None:
+        config = model.config
+        attn = getattr(config, "_attn_implementation", None) or "eager"
+        if attn == "sdpa" and _kv_groups(config) > 1:
+            model.set_attn_implementation(GQA_SDPA)          # the same SDPA, without repeat_kv on branching steps
+        attn = "sdpa" if attn == GQA_SDPA else attn
+        if attn not in SUPPORTED_ATTENTION:
+            raise ValueError(
+                f"attention implementation {attn!r} takes no custom mask of a step's layout; load the model "
+                f"with attn_implementation in {SUPPORTED_ATTENTION}"
+            )
+        if getattr(config, "is_encoder_decoder", False):
+            raise ValueError("encoder-decoder models are not supported; pass a causal LM")
+        self.model = model
+        self.drafters = dict(drafters or {})
+        self.attention = attn
+        self.windows = _attention_windows(config)
+        self.vocab_size = vocab_size(model)
+        self.position_limit = position_limit(config)
+        params = inspect.signature(model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._keeps_logits = "logits_to_keep" in params
+        self.flex = None
+        if attn == "flex_attention":
+            try:
+                from .flex import FlexMasks       # torch.nn.attention.flex_attention, only when used
+            except ImportError as error:
+                raise ValueError(f"flex_attention needs torch.nn.attention.flex_attention (torch >= 2.5; this is "
+                                 f"torch {torch.__version__}): {error}; load the model with sdpa or eager") from error
+            self.flex = FlexMasks(model.device)
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.dtype
+
+    @staticmethod
+    def new_cache() -> DynamicCache:
+        return DynamicCache()
+
+    def commit(self, cache: DynamicCache, past: int, keep_rows: list[list[int]], valid: list[int] | None = None) -> None:
+        """After a step: keep the rows each sequence accepted (:func:`commit_kv`)."""
+        commit_kv(cache, past, keep_rows, valid)
+
+    def forward(
+        self,
+        cache: DynamicCache,
+        tokens: list[int],
+        offsets: torch.Tensor,
+        visible: torch.Tensor | None,
+        position: int,
+        logit_rows: torch.Tensor,
+    ) -> torch.Tensor:
+        """One sequence: feed ``tokens`` at ``position + offsets`` after the cache; logits (r, V) of
+        ``logit_rows``. ``position`` must be the cache length."""
+        if position != cache.get_seq_length():
+            raise ValueError(f"a sequence's tokens must start right after the cache ({cache.get_seq_length()}), "
+                             f"not at {position}")
+        return self.forward_batch(cache, [Feed(tokens, offsets, visible, position, logit_rows)])[0]
+
+    def forward_batch(self, cache: DynamicCache, feeds: list[Feed], hidden: bool = False):
+        """One forward over every sequence of the batch (``feeds[b]`` is cache row b); logits per sequence
+        (with ``hidden``: ``(logits, last hidden states)`` per sequence, both of its ``logit_rows``).
+
+        Feeds are right-padded to the longest; a padding row sits at the sequence's ``position`` and
+        sees only itself. The step's KV lands in slots ``past .. past + q - 1`` of every row
+        (``past`` = the cache length); :func:`commit_kv` then keeps what each sequence accepted.
+        When every feed is a causal chain of one length right after a full cache (one sequence, or
+        a batch in lockstep), eager and SDPA get no mask (the model builds its own) and flex a
+        chain ``BlockMask``.
+        """
+        past = cache.get_seq_length()
+        q = max(len(f.tokens) for f in feeds)
+        if any(f.position > past for f in feeds):
+            raise ValueError(f"a sequence's committed KV cannot be longer than the cache ({past})")
+        offsets = torch.zeros(len(feeds), q, dtype=torch.long)
+        visible = torch.eye(q, dtype=torch.bool).repeat(len(feeds), 1, 1)
+        for b, f in enumerate(feeds):
+            n = len(f.tokens)
+            offsets[b, :n] = f.offsets
+            visible[b, :n, :n] = torch.ones(n, n, dtype=torch.bool).tril() if f.visible is None else f.visible
+        positions = torch.tensor([f.position for f in feeds])
+        chain = all(f.visible is None and len(f.tokens) == q and f.position == past for f in feeds)
+        needed = torch.unique(torch.cat([f.logit_rows for f in feeds]))            # sorted, shared by the batch
+        # Every index the step needs reaches the device in one copy (tests/test_transfers.py counts them).
+        host = {"input_ids": torch.tensor([f.tokens + [0] * (q - len(f.tokens)) for f in feeds]),
+                "position_ids": positions[:, None] + offsets, "needed": needed, "positions": positions}
+        if len(feeds) > 1:
+            host |= {f"pick{b}": torch.searchsorted(needed, f.logit_rows) for b, f in enumerate(feeds)}
+        if hidden:
+            host |= {f"rows{b}": f.logit_rows for b, f in enumerate(feeds)}
+        if not chain:
+            host |= {"offsets": offsets, "visible": visible}
+        on = to_device(host, self.device)
+        if self.flex is not None:
+            masks = self.flex.masks(self.windows, past, on["positions"],
+                                    None if chain else on["offsets"], None if chain else on["visible"], q)
+        elif chain:
+            masks = None
+        else:
+            valid = None if bool((positions == past).all()) else on["positions"]
+            masks = {
+                kind: attention_mask(on["offsets"], on["visible"], past, on["positions"], sliding_window=window,
+                                     dtype=self.dtype, device=self.device, valid=valid)
+                for kind, window in self.windows.items()
+            }
+        mask = next(iter(masks.values())) if masks is not None and len(masks) == 1 else masks
+        kwargs = {self._cache_kw: cache}
+        if self._keeps_logits:
+            kwargs["logits_to_keep"] = on["needed"]
+        out = self.model(
+            input_ids=on["input_ids"],
+            position_ids=on["position_ids"],
+            attention_mask=mask,
+            use_cache=True,
+            output_hidden_states=hidden,
+            **kwargs,
+        )
+        logits = out.logits if self._keeps_logits else out.logits[:, on["needed"]]      # (B, r, V)
+        per_feed = [logits[0]] if len(feeds) == 1 else [logits[b, on[f"pick{b}"]] for b in range(len(feeds))]
+        if not hidden:
+            return per_feed
+        states = out.hidden_states[-1]                  # after the final norm: what the LM head reads
+        return [(lg, states[b, on[f"rows{b}"]]) for b, lg in enumerate(per_feed)]
+
+
+def to_device(tensors: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    """Integer and bool host tensors on ``device`` in one copy (one host-to-device transfer, not one
+    per tensor); each keeps its shape and dtype."""
+    flat = torch.cat([t.reshape(-1).to(torch.long) for t in tensors.values()]).to(device)
+    out, at = {}, 0
+    for name, t in tensors.items():
+        out[name] = flat[at:at + t.numel()].view(t.shape).to(t.dtype)
+        at += t.numel()
+    return out
+
+
+@dataclass(frozen=True)
+class Feed:
+    """One sequence's part of a batched forward."""
+
+    tokens: list[int]
+    offsets: torch.Tensor            # (q,) positions relative to ``position``
+    visible: torch.Tensor | None     # (q, q) bool; None: a causal chain
+    position: int                    # the sequence's committed KV length = position of its first token
+    logit_rows: torch.Tensor         # (r,) sorted rows whose logits are returned
+
+
+def commit_kv(cache: DynamicCache, past: int, keep_rows: list[list[int]], valid: list[int] | None = None) -> None:
+    """Keep the rows each sequence accepted in the last step and drop the rest.
+
+    ``past`` is the cache length before the step (its rows start there); ``keep_rows[b]`` lists
+    sequence b's kept rows relative to ``past``, sorted; ``valid[b]`` is its committed KV length
+    before the step (default ``past`` for every sequence). The kept rows move to slots
+    ``valid[b], valid[b] + 1, ...``, so each sequence's KV stays a prefix of its cache row, slot =
+    position; the cache is cut to the longest. Only the moved rows are copied.
+    """
+    valid = valid if valid is not None else [past] * len(keep_rows)
+    moves = [(b, start + i, past + r) for b, (start, rows) in enumerate(zip(valid, keep_rows))
+             for i, r in enumerate(rows) if start + i != past + r]
+    new_len = max(start + len(rows) for start, rows in zip(valid, keep_rows))
+    index = _on_devices(cache, torch.tensor(moves).T) if moves else {}    # one copy per device, not per layer
+    for layer in cache.layers:
+        if moves:
+            row, dst, src = index[layer.keys.device]
+            layer.keys[row, :, dst] = layer.keys[row, :, src]
+            layer.values[row, :, dst] = layer.values[row, :, src]
+        layer.keys = layer.keys[..., :new_len, :]
+        layer.values = layer.values[..., :new_len, :]
+
+
+def _on_devices(cache: DynamicCache, index: torch.Tensor) -> dict[torch.device, torch.Tensor]:
+    """``index`` on every device the cache's layers live on (one device, unless a ``device_map``
+    spreads the model)."""
+    return {device: index.to(device) for device in dict.fromkeys(layer.keys.device for layer in cache.layers)}
+
+
+def truncate_kv(cache: DynamicCache, length: int) -> None:
+    """Drop every cached position from ``length`` on."""
+    for layer in cache.layers:
+        layer.keys = layer.keys[..., :length, :]
+        layer.values = layer.values[..., :length, :]
+
+
+def select_sequences(cache: DynamicCache, rows: list[int], length: int) -> None:
+    """Keep only the cache rows ``rows`` (in that order), cut to ``length`` slots."""
+    index = _on_devices(cache, torch.tensor(rows))
+    for layer in cache.layers:
+        layer.keys = layer.keys[index[layer.keys.device], :, :length]
+        layer.values = layer.values[index[layer.values.device], :, :length]
+
+
+def sequence_cache(cache: DynamicCache, row: int, length: int) -> DynamicCache:
+    """A cache of its own for sequence ``row``: its first ``length`` slots (the cache itself if it holds
+    that sequence alone)."""
+    if cache.layers and cache.layers[0].keys.shape[0] == 1:
+        truncate_kv(cache, length)
+        return cache
+    own = DynamicCache()
+    for i, layer in enumerate(cache.layers):
+        own.update(layer.keys[row:row + 1, :, :length].clone(), layer.values[row:row + 1, :, :length].clone(), i)
+    return own
+
+
+def gqa_sdpa_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                       attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                       **kwargs):
+    """transformers' ``sdpa`` attention, except on a step of several rows under a mask (a branching
+    step) of a grouped-query model. There transformers copies K and V once per query head
+    (``repeat_kv``: 4x on Llama-3-8B and Mistral-7B) in every layer, since SDPA's masked kernels take
+    no ``enable_gqa``; here the query heads that share a K/V head are stacked along the query rows
+    instead, the mask repeated with them (once per step, not per layer), and SDPA attends to the
+    cache's K/V as they are. Every other call is transformers' own."""
+    groups = getattr(module, "num_key_value_groups", 1)
+    batch, heads, rows, dim = query.shape
+    if groups == 1 or rows == 1 or attention_mask is None or attention_mask.shape[1] != 1 \
+            or any(kwargs.get(name) is not None for name in _CHANGES_THE_SCORES):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query.reshape(batch, heads // groups, groups * rows, dim), key, value,
+        attn_mask=_stacked_mask(attention_mask, groups), dropout_p=dropout, scale=scaling)
+    return out.reshape(batch, heads, rows, -1).transpose(1, 2).contiguous(), None
+
+
+_CHANGES_THE_SCORES = ("softcap", "position_bias", "s_aux", "sinks", "output_attentions")   # left to transformers
+_STACKED: dict[int, tuple[weakref.ref, int, torch.Tensor]] = {}
+
+
+def _stacked_mask(mask: torch.Tensor, groups: int) -> torch.Tensor:
+    """``mask`` (B, 1, q, kv) repeated ``groups`` times along q, made once per mask (every layer of a
+    step gets the same mask object)."""
+    held = _STACKED.get(id(mask))
+    if held is not None and held[0]() is mask and held[1] == groups:
+        return held[2]
+    stacked = mask.repeat(1, 1, groups, 1)
+    _STACKED[id(mask)] = (weakref.ref(mask, lambda _, key=id(mask): _STACKED.pop(key, None)), groups, stacked)
+    return stacked
+
+
+AttentionInterface.register(GQA_SDPA, gqa_sdpa_attention)
+AttentionMaskInterface.register(GQA_SDPA, sdpa_mask)      # the model's own masks (plain causal steps): SDPA's
+
+
+def _kv_groups(config) -> int:
+    heads = getattr(config, "num_attention_heads", None)
+    kv = getattr(config, "num_key_value_heads", None) or heads
+    return heads // kv if heads and kv else 1
+
+
+def _attention_windows(config) -> dict[str, int | None]:
+    """Attention type -> sliding window (None = full attention) for the layers this model has."""
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is None:
+        # Mistral-style configs: one window for every layer, or none.
+        return {_FULL: getattr(config, "sliding_window", None)}
+    windows: dict[str, int | None] = {}
+    for kind in dict.fromkeys(layer_types):
+        if kind == _FULL:
+            windows[kind] = None
+        elif kind == _SLIDING:
+            windows[kind] = config.sliding_window
+        else:
+            raise ValueError(f"layer type {kind!r} is not supported (only {_FULL!r} and {_SLIDING!r})")
+    return windows

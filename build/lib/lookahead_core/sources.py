@@ -1,0 +1,153 @@
+"""The registry of draft sources: registering a source class makes every part of the project know it.
+
+A draft source is one class with the interface of :class:`lookahead_core.drafts.DraftSource`
+(``propose(context) -> drafts``, ``update(outcome)``, ``topk``; ``name`` and ``carry(earlier)`` if
+it keeps state across decodes, as Token Recycling's table travels in the prior) and a classmethod
+``from_config(config, size, context)`` that builds it for one decode. Registering it
+(:func:`register_source`) is all it takes for
+
+* :class:`~lookahead_core.config.LookaheadConfig` to accept it: ``sources={"<name>": size}``
+  (0 = off), and so every core decoder's yaml (``sources: {<name>: size}``);
+* :meth:`lookahead_core.drafts.Proposer.from_config` to build it and merge its drafts into the
+  step's token tree (verification keeps the output token-identical to greedy, whatever it proposes);
+* :func:`lookahead_core.config.config_label`, the one name of a config (decoder tags, report
+  labels, results file names) to name it, ``_<label><size>``;
+* ``decoding=auto``'s grid (:func:`lookahead_core.cost.grid.default_grid`) to add the configs the
+  source lists in ``grid``.
+
+``docs/draft_sources.md`` walks through an example; ``tests/test_draft_sources.py`` registers a
+toy source from the test file alone. The built-in sources (suffix matches, Token Recycling,
+Medusa heads) are registered below like any other and sized the same way,
+``LookaheadConfig(sources={"suffix": 4, "recycle": 4})``; the n-gram pool and its Jacobi window
+are the paper's and the base of every config (``N``, ``W``, ``G``), not a registered source.
+
+This module imports neither torch nor the source classes: a config validates and is named
+without them, and a source class given as ``"module:Class"`` is imported when a decode builds it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import import_module
+from typing import Any
+
+
+@dataclass(frozen=True)
+class SourceKind:
+    """A registered draft source.
+
+    name: its key in ``LookaheadConfig.sources`` (and the yaml) and the tag its drafts carry.
+    label: its part of ``config_label``: ``_<label><size>``.
+    factory: the class (or ``"module:Class"``) whose ``from_config(config, size, context)`` builds it.
+    before_pool: its drafts enter the tree before the n-gram pool's (the suffix source's do).
+    flags: ``(field, label)`` pairs of boolean ``LookaheadConfig`` options it owns, named
+        ``_<label>`` when set (the recycle source's ``recycle_window``, ``_rw``).
+    grid: a callable returning the configs ``decoding=auto`` adds to its grid for this source.
+    drafter: it drafts with a trained model the user supplies (Medusa heads): ``from_config`` gets
+        ``CausalLM.drafters[name]`` as a fourth argument, and a decode without one is refused.
+    hidden: ``update`` needs the model's last hidden state at the row that predicted the step's last
+        committed token (``StepOutcome.hidden``); the step's forward then returns hidden states.
+    """
+
+    name: str
+    label: str
+    factory: Any
+    before_pool: bool = False
+    flags: tuple[tuple[str, str], ...] = ()
+    grid: Callable[[], list] | None = None
+    drafter: bool = False
+    hidden: bool = False
+
+    def size(self, config: Any) -> int:
+        """How many drafts it proposes per step under ``config`` (0: off)."""
+        return config.size(self.name)
+
+    def build(self, config: Any, size: int, context: Any, drafters: dict | None = None) -> Any:
+        factory = self.factory
+        if isinstance(factory, str):
+            module, _, name = factory.partition(":")
+            factory = getattr(import_module(module), name)
+        if not self.drafter:
+            return factory.from_config(config, size, context)
+        drafter = (drafters or {}).get(self.name)
+        if drafter is None:
+            raise ValueError(f"sources={{{self.name!r}: {size}}} drafts with a trained model: pass it as "
+                             f"CausalLM(model, drafters={{{self.name!r}: ...}})")
+        return factory.from_config(config, size, context, drafter)
+
+
+SOURCES: dict[str, SourceKind] = {}
+
+
+def register_source(name: str, *, label: str, grid: Callable[[], list] | None = None,
+                    before_pool: bool = False, drafter: bool = False, hidden: bool = False) -> Callable[[type], type]:
+    """Class decorator: registers a draft source under ``name`` (sized by ``sources={name: k}``).
+
+    >>> @register_source("echo", label="echo")
+    ... class Echo:
+    ...     topk = 0
+    ...     @classmethod
+    ...     def from_config(cls, config, size, context): return cls()
+    ...     def propose(self, context): return []
+    ...     def update(self, outcome): pass
+    >>> from lookahead_core.config import LookaheadConfig, config_label
+    >>> config_label(LookaheadConfig(window=5, ngram=4, guess=5, tree=True, sources={"echo": 2}))
+    'la_N4W5G5_tree_echo2'
+    >>> unregister_source("echo")
+    """
+    def add(cls: type) -> type:
+        _add(SourceKind(name, label, cls, grid=grid, before_pool=before_pool, drafter=drafter, hidden=hidden))
+        return cls
+    return add
+
+
+def unregister_source(name: str) -> None:
+    """Removes a registered source (not one of the built-ins registered below)."""
+    if name not in SOURCES or name in BUILT_IN:
+        raise ValueError(f"{name!r} is not a registered source that can be removed")
+    del SOURCES[name]
+
+
+# The words of config_label's grammar that are not a source's: ``la_N<n>W<w>G<g>`` / ``pool_N<n>G<g>``
+# then ``pool``, ``tree``, each source's ``<label><size>`` and its flags' ``<label>``, then
+# ``d<depth>``, ``k<budget>``, ``ca``. A label is lower-case letters, so every part reads back as
+# one word and a number, and no two configs share a name as long as no label is one of these words
+# or another source's (or flag's) label.
+GRAMMAR_WORDS = ("la", "pool", "tree", "d", "k", "ca")
+
+
+def _add(kind: SourceKind) -> None:
+    labels = [kind.label] + [label for _, label in kind.flags]
+    if not kind.name.isidentifier() or not all(label.isascii() and label.isalpha() and label.islower()
+                                                for label in labels):
+        raise ValueError(f"a source's name and labels must be identifiers (labels: lower-case letters only), "
+                         f"got {kind.name!r}, {labels!r}")
+    taken = {label for k in SOURCES.values() if k.name != kind.name
+             for label in [k.label] + [flag for _, flag in k.flags]} | set(GRAMMAR_WORDS)
+    clash = sorted(set(labels) & taken) or (labels if len(set(labels)) < len(labels) else [])
+    if clash:
+        raise ValueError(f"label {clash[0]!r} is taken (config_label's words in use: {sorted(taken)})")
+    SOURCES[kind.name] = kind
+
+
+def active(config: Any) -> list[tuple[SourceKind, int]]:
+    """The registered sources ``config`` turns on, with their sizes, in registration order."""
+    return [(kind, size) for kind in SOURCES.values() if (size := kind.size(config))]
+
+
+def label_parts(config: Any) -> list[str]:
+    """The sources' parts of ``config``'s name, e.g. ``["sfx4", "rc4", "rw"]``."""
+    parts = []
+    for kind, size in active(config):
+        parts.append(f"{kind.label}{size}")
+        parts += [label for flag, label in kind.flags if getattr(config, flag)]
+    return parts
+
+
+_add(SourceKind("suffix", "sfx", "lookahead_core.drafts:SuffixSource", before_pool=True))
+_add(SourceKind("recycle", "rc", "lookahead_core.drafts:RecycleSource", flags=(("recycle_window", "rw"),)))
+# Trained heads (lookahead_core/medusa.py, which needs torch): registered here by name so that a
+# config naming them validates without importing torch.
+_add(SourceKind("medusa", "md", "lookahead_core.medusa:MedusaSource", drafter=True, hidden=True))
+BUILT_IN = frozenset(SOURCES)

@@ -1,0 +1,301 @@
+"""``model.generate(..., custom_generate="hub")``: this project's decoder behind transformers' API.
+
+Greedy output equals transformers' greedy ``generate`` token for token in fp32 on tiny models of
+the tested families and on SmolLM2, alone and in left-padded batches, for every preset and option;
+sampling keeps the model's distribution (the chi-square test of tests/test_sampling.py); a streamer
+sees every token once; stopping criteria and stop strings stop where ``generate`` stops; what the
+loop cannot serve is refused naming the option; and the folder loads through transformers' own
+``custom_generate`` route (``trust_remote_code`` required)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import StoppingCriteria, StoppingCriteriaList
+from transformers.generation.streamers import BaseStreamer
+
+from experiments.data.datasets import repo_root
+from experiments.models.loader import load_model, tiny_random_model
+from lookahead_core import LookaheadConfig
+from lookahead_core.cost import CostModel
+from lookahead_core.generate import generate as lookahead_generate
+
+from test_sampling import DEPTH, PROMPT, VOCAB, chi_square_pvalue, exact_distribution
+from tiny_families import tiny_family_model
+
+HUB = str(repo_root() / "hub")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma3", "phi3", "gpt_neox", "granite", "starcoder2")
+# A curve on which wide steps cost about what one-token steps do: auto's tree feeds many nodes.
+FLAT = CostModel(tokens=(1, 2, 4, 8, 16, 32, 64), seconds=(1.0, 1.0, 1.0, 1.02, 1.05, 1.1, 1.2))
+OPTIONS = [
+    {"lookahead": "greedy"},
+    {"lookahead": "lookahead"},
+    {"lookahead": {"window": 3, "ngram": 3, "guess": 3, "prompt_pool": True}},
+    {"lookahead": LookaheadConfig(window=2, ngram=3, guess=4, prompt_pool=True, tree=True,
+                                  sources={"suffix": 3, "recycle": 2}, budget=12)},
+    {"lookahead": "auto", "latency_curve": FLAT},
+]
+OPTION_IDS = ["greedy", "paper", "pool", "tree", "auto"]
+
+
+def via_hub(model, *args, **kwargs):
+    return model.generate(*args, custom_generate=HUB, trust_remote_code=True, **kwargs)
+
+
+def prompts(vocab: int, lengths=(20,), seed: int = 0) -> list[list[int]]:
+    """Token lists with repeats (so pools and suffix drafts find candidates), ids from 3 up."""
+    gen = torch.Generator().manual_seed(seed)
+    base = torch.randint(3, vocab, (8,), generator=gen).tolist()
+    return [(base * 4)[: n - 4] + torch.randint(3, vocab, (4,), generator=gen).tolist() for n in lengths]
+
+
+def left_padded(rows: list[list[int]], pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(map(len, rows))
+    ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    return ids, mask
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_equals_generate_on_every_family_with_every_option(family):
+    model = tiny_family_model(family)
+    ids = torch.tensor(prompts(model.config.vocab_size))
+    reference = model.generate(ids, max_new_tokens=32, do_sample=False, eos_token_id=None, pad_token_id=0)
+    for options in OPTIONS:
+        stats = []
+        out = lookahead_generate(model, ids, max_new_tokens=32, do_sample=False, eos_token_id=None, pad_token_id=0,
+                                 lookahead_stats=stats, **options)
+        assert torch.equal(out, reference), (family, options)
+        assert len(stats) == 1 and stats[0].new_tokens == 32
+    assert any(a > 1 for a in stats[0].accepted), "auto's tree never committed more than one token"
+
+
+@pytest.mark.parametrize("options", OPTIONS, ids=OPTION_IDS)
+def test_left_padded_batches_equal_generate_batched(options):
+    model = tiny_family_model("llama")
+    ids, mask = left_padded(prompts(model.config.vocab_size, lengths=(20, 13, 17), seed=1))
+    eos = int(ids[0, -1])                     # a token the model is likely to produce: rows end at different steps
+    reference = model.generate(ids, attention_mask=mask, max_new_tokens=24, do_sample=False, eos_token_id=eos,
+                               pad_token_id=0)
+    out = lookahead_generate(model, ids, attention_mask=mask, max_new_tokens=24, do_sample=False, eos_token_id=eos,
+                             pad_token_id=0, **options)
+    assert torch.equal(out, reference)
+
+
+def test_the_hub_folder_runs_through_transformers_custom_generate():
+    """The real route: transformers loads hub/custom_generate/generate.py (trust_remote_code
+    required), checks its requirements, and calls it; the output and dict form equal generate's."""
+    model = tiny_random_model("llama")
+    ids, mask = left_padded(prompts(model.config.vocab_size, lengths=(18, 12), seed=2))
+    kwargs = dict(attention_mask=mask, max_new_tokens=20, do_sample=False, pad_token_id=0)
+    reference = model.generate(ids, **kwargs)
+    assert torch.equal(via_hub(model, ids, lookahead={"window": 3, "ngram": 3, "guess": 3}, **kwargs), reference)
+    out = via_hub(model, input_ids=ids, return_dict_in_generate=True, lookahead="greedy", **kwargs)
+    assert torch.equal(out.sequences, reference) and out.scores is None
+    with pytest.raises(ValueError, match="trust_remote_code"):
+        model.generate(ids, custom_generate=HUB, **kwargs)
+
+
+@pytest.mark.slow
+def test_smollm2_chat_prompts_equal_generate_alone_and_batched():
+    model, tokenizer = load_model("smollm2_135m")
+    questions = ["Write a Python function that reverses a string.", "What is the capital of France? Answer briefly.",
+                 "List three prime numbers."]
+    texts = [tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False,
+                                           add_generation_prompt=True) for q in questions]
+    tokenizer.padding_side = "left"
+    batch = tokenizer(texts, return_tensors="pt", padding=True)
+    kwargs = dict(max_new_tokens=48, do_sample=False)
+    reference = model.generate(**batch, **kwargs)
+    assert torch.equal(lookahead_generate(model, **batch, lookahead="auto", latency_curve=FLAT, **kwargs), reference)
+    single = tokenizer(texts[0], return_tensors="pt")
+    alone = model.generate(**single, **kwargs)
+    assert torch.equal(via_hub(model, **single, lookahead={"window": 5, "ngram": 4, "guess": 5, "prompt_pool": True},
+                               **kwargs), alone)
+
+
+def test_sampling_keeps_the_model_distribution():
+    """Draws of the first tokens through generate's sampling options (temperature, top-k, top-p
+    from the generation config; seeds from torch's generator) fit the exact distribution."""
+    model = tiny_random_model("llama", seed=0, vocab_size=VOCAB, initializer_range=0.05)
+    from lookahead_core import SamplingConfig
+
+    for temperature, top_k, top_p in ((1.0, 0, 1.0), (0.7, 4, 0.9)):
+        probs = exact_distribution(model, SamplingConfig(temperature, top_k, top_p))
+        counts, multi, draws = {}, 0, 1500
+        for seed in range(draws):
+            torch.manual_seed(seed)
+            stats = []
+            out = lookahead_generate(model, torch.tensor([PROMPT]), max_new_tokens=DEPTH, do_sample=True,
+                                     temperature=temperature, top_k=top_k, top_p=top_p, eos_token_id=None,
+                                     pad_token_id=0, lookahead={"window": 3, "ngram": 3, "guess": 8, "prompt_pool": True},
+                                     lookahead_stats=stats)
+            key = tuple(out[0, len(PROMPT):].tolist())
+            counts[key] = counts.get(key, 0) + 1
+            multi += any(a > 1 for a in stats[0].accepted)
+        assert multi > draws // 10, "drafts were rarely accepted: the verifier was hardly exercised"
+        assert chi_square_pvalue(counts, probs, draws) > 1e-3, (temperature, top_k, top_p)
+    fixed = dict(max_new_tokens=8, do_sample=True, pad_token_id=0, lookahead={"window": 3, "ngram": 3, "guess": 8})
+    torch.manual_seed(7)
+    first = lookahead_generate(model, torch.tensor([PROMPT]), **fixed)
+    torch.manual_seed(7)
+    assert torch.equal(first, lookahead_generate(model, torch.tensor([PROMPT]), **fixed))   # torch's seed repeats it
+
+
+class Recorder(BaseStreamer):
+    def __init__(self):
+        self.puts, self.ended = [], 0
+
+    def put(self, value):
+        self.puts.append(value.tolist())
+
+    def end(self):
+        self.ended += 1
+
+
+def test_a_streamer_sees_the_prompt_then_every_token_once():
+    model = tiny_random_model("llama")
+    ids = torch.tensor(prompts(model.config.vocab_size))
+    streamer = Recorder()
+    stats = []
+    out = lookahead_generate(model, ids, max_new_tokens=30, do_sample=False, eos_token_id=None, pad_token_id=0,
+                             streamer=streamer, lookahead={"window": 3, "ngram": 3, "guess": 3, "prompt_pool": True},
+                             lookahead_stats=stats)
+    assert any(a > 1 for a in stats[0].accepted), "no step committed several tokens: the streamer was not tested"
+    assert streamer.puts[0] == ids.tolist() and streamer.ended == 1
+    assert [t for put in streamer.puts[1:] for t in put] == out[0, ids.shape[1]:].tolist()
+    assert all(len(put) == 1 for put in streamer.puts[1:])
+    with pytest.raises(ValueError, match="streamer takes batch size 1"):
+        lookahead_generate(model, torch.cat([ids, ids]), max_new_tokens=4, streamer=Recorder(), pad_token_id=0)
+
+
+class StopAfter(StoppingCriteria):
+    """Stops a row once ``token`` has been generated ``times`` times (counting the prompt's)."""
+
+    def __init__(self, token: int, times: int):
+        self.token, self.times = token, times
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return (input_ids == self.token).sum(dim=1) >= self.times
+
+
+def test_stopping_criteria_stop_at_the_token_generate_stops_at():
+    """A multi-token step is cut at the first token a criterion fires on, as generate's
+    one-token steps would stop there."""
+    model = tiny_random_model("llama")
+    ids = torch.tensor(prompts(model.config.vocab_size))
+    free = model.generate(ids, max_new_tokens=40, do_sample=False, eos_token_id=None, pad_token_id=0)[0, 20:].tolist()
+    token = max(set(free), key=free.count)                  # the most repeated new token
+    criteria = StoppingCriteriaList([StopAfter(token, int((ids[0] == token).sum()) + 2)])
+    kwargs = dict(max_new_tokens=40, do_sample=False, eos_token_id=None, pad_token_id=0, stopping_criteria=criteria)
+    reference = model.generate(ids, **kwargs)
+    assert reference.shape[1] < ids.shape[1] + 40, "the criterion never fired: the test tests nothing"
+    for options in OPTIONS:
+        assert torch.equal(lookahead_generate(model, ids, **options, **kwargs), reference), options
+
+
+@pytest.mark.slow
+def test_stop_strings_and_max_length_as_generate_reads_them():
+    model, tokenizer = load_model("smollm2_135m")
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "Write a short poem about the sea."}],
+                                         tokenize=False, add_generation_prompt=True)
+    batch = tokenizer(text, return_tensors="pt")
+    width = batch.input_ids.shape[1]
+    free = model.generate(**batch, do_sample=False, max_new_tokens=64)[0, width:].tolist()
+    stop = tokenizer.decode(free[20:22]).strip()              # words from the middle of the free output
+    kwargs = dict(do_sample=False, stop_strings=[stop], tokenizer=tokenizer, max_new_tokens=64)
+    reference = model.generate(**batch, **kwargs)
+    assert reference.shape[1] - width < len(free) and tokenizer.decode(reference[0, width:]).endswith(stop)
+    assert torch.equal(lookahead_generate(model, **batch, lookahead={"window": 4, "ngram": 3, "guess": 4}, **kwargs),
+                       reference)
+    short = model.generate(**batch, do_sample=False, max_length=width + 5)
+    assert torch.equal(lookahead_generate(model, **batch, lookahead="lookahead", do_sample=False, max_length=width + 5),
+                       short)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"num_beams": 2}, "num_beams=2"),
+    ({"num_return_sequences": 2, "do_sample": True}, "num_return_sequences=2"),
+    ({"output_scores": True, "return_dict_in_generate": True}, "output_scores=True"),
+    ({"output_hidden_states": True, "return_dict_in_generate": True}, "output_hidden_states=True"),
+    ({"repetition_penalty": 1.3}, "RepetitionPenaltyLogitsProcessor"),
+    ({"no_repeat_ngram_size": 2}, "NoRepeatNGramLogitsProcessor"),
+    ({"min_new_tokens": 4, "eos_token_id": 5}, "MinNewTokensLengthLogitsProcessor"),
+    ({"do_sample": True, "min_p": 0.1}, "MinPLogitsWarper"),
+    ({"prompt_lookup_num_tokens": 3}, "prompt_lookup_num_tokens=3"),
+    ({"cache_implementation": "static"}, "cache_implementation"),
+    ({"use_cache": False}, "use_cache=False"),
+    ({"stop_strings": ["x"]}, "needs `tokenizer=`"),
+    ({"lookahead": "fastest"}, "must be one of auto, lookahead, greedy"),
+    ({"lookahead": {"window": 0}}, "window"),
+    ({"windw": 3}, "`windw` is neither a generation option nor one of this decoder's"),
+    ({"max_length": 10, "max_new_tokens": None}, "nothing to generate"),
+])
+def test_what_the_loop_cannot_serve_is_refused_naming_it(kwargs, match):
+    model = tiny_random_model("llama")
+    ids = torch.tensor(prompts(model.config.vocab_size))
+    with pytest.raises(ValueError, match=match):
+        lookahead_generate(model, ids, **{"max_new_tokens": 4, "pad_token_id": 0, **kwargs})
+
+
+def test_arguments_of_generate_it_cannot_run_are_refused():
+    model = tiny_random_model("llama")
+    ids = torch.tensor(prompts(model.config.vocab_size))
+    with pytest.raises(ValueError, match="`assistant_model` is not supported"):
+        lookahead_generate(model, ids, max_new_tokens=4, assistant_model=tiny_random_model("llama"))
+    with pytest.raises(ValueError, match="`prefix_allowed_tokens_fn` is not supported"):
+        lookahead_generate(model, ids, max_new_tokens=4, prefix_allowed_tokens_fn=lambda b, x: [1])
+    mask = torch.ones_like(ids)
+    mask[0, -1] = 0                                           # right padding
+    with pytest.raises(ValueError, match="must be left padding"):
+        lookahead_generate(model, ids, attention_mask=mask, max_new_tokens=4)
+
+
+def test_auto_measures_a_curve_once_per_model_and_kv_bucket():
+    """Without ``latency_curve``, auto measures the device's step costs on the first call and
+    reuses them for calls whose KV length falls in the same bucket."""
+    from lookahead_core import generate as module
+
+    model = tiny_random_model("llama")
+    ids = torch.tensor(prompts(model.config.vocab_size))
+    reference = model.generate(ids, max_new_tokens=16, do_sample=False, eos_token_id=None, pad_token_id=0)
+    for _ in range(2):
+        out = lookahead_generate(model, ids, max_new_tokens=16, do_sample=False, eos_token_id=None, pad_token_id=0)
+        assert torch.equal(out, reference)
+    state = module._STATES[model]
+    assert list(state.curves) == [64] and state.curves[64].host_seconds > 0
+    assert state.prior.counts.table(), "auto learnt no draft acceptance from its calls"
+
+
+def test_the_harness_runs_the_folder_beside_decode_with_the_same_tokens_and_steps(tmp_path):
+    """``decoding=hf_custom``: transformers' generate with the hub folder, in a run.py job beside
+    the core decoder of the same config; every row equals greedy, and the two routes take the same
+    steps (the wrapper adds time, never a different algorithm)."""
+    from hydra import compose, initialize_config_dir
+
+    from conftest import DATA_ROOT
+    from experiments.config.schema import register_configs
+    from experiments.job import runner
+    from experiments.reporting import report
+
+    register_configs()
+    same = "window:3,ngram:3,guess:3,prompt_pool:true"
+    with initialize_config_dir(config_dir=str(repo_root() / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=[
+            "model=tiny_llama", "threads=1", "warmup=1", "experiment=mtbench", "dataset.limit=2",
+            "experiment.max_new_tokens=24", "baseline=hf_greedy",
+            f"decoders=[{{use:lookahead,{same}}},{{use:hf_custom,{same}}}]",
+            f"data_root={DATA_ROOT}", f"results_dir={tmp_path}"])
+    threads = torch.get_num_threads()
+    try:
+        rows = report.load_results([runner.run(cfg)])
+    finally:
+        torch.set_num_threads(threads)
+    assert sorted(set(rows.decoder)) == ["hf_custom", "hf_greedy", "lookahead"] and len(rows) == 2 * 2 * 3
+    tested = rows[~rows.baseline]
+    assert tested.matches_greedy.all()
+    pairs = tested.pivot_table(index=["item_id", "turn"], columns="decoder", values="steps")
+    assert pairs.notna().all().all()
+    first_turns = rows[rows.turn == 1].pivot_table(index="item_id", columns="decoder", values="steps")
+    assert (first_turns.hf_custom == first_turns.lookahead).all()      # turn 1: the same prompt, the same steps
+    assert (tested[tested.decoder == "hf_custom"].W == 3).all() and tested.accepted_hist.notna().all()
