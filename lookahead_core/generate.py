@@ -20,12 +20,15 @@ processors beyond temperature/top-k/top-p), is refused with a ``ValueError`` nam
 
 Options of its own (keyword arguments of ``generate``):
 
-* ``lookahead``: ``"auto"`` (the default: the widest cost-aware token tree, each step feeding the
+* ``lookahead`` (also read from the generation config, e.g. ``model.generation_config.lookahead``):
+  ``"auto"`` (the default: the widest cost-aware token tree, each step feeding the
   nodes that pay on this device's latency curve, measured once per model and KV length in this
   process, and the draft acceptance learnt from the model's earlier calls), ``"lookahead"`` (the
   paper's W 15, N 5, G 15), ``"greedy"`` (this loop without drafts), a :class:`LookaheadConfig`,
   or a dict of its fields.
-* ``latency_curve``: a :class:`lookahead_core.cost.CostModel` for ``"auto"`` instead of measuring.
+* ``latency_curve``: for ``"auto"`` instead of measuring: a :class:`lookahead_core.cost.CostModel`,
+  or the path of a JSON file of its rows (``CostModel.to_rows()``, or a file holding them under
+  ``"rows"``, as the harness's calibration cache keeps them).
 * ``lookahead_stats``: a list; each sequence's :class:`DecodeStats` is appended to it.
 
 Greedy output is token-identical to transformers' greedy ``generate`` in float32
@@ -36,9 +39,12 @@ tree changes as it learns, and with it which random numbers a call draws, not it
 
 from __future__ import annotations
 
+import json
+import os
 import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -86,8 +92,9 @@ _STATES: weakref.WeakKeyDictionary[torch.nn.Module, _ModelState] = weakref.WeakK
 def generate(model, inputs: torch.Tensor | None = None, generation_config=None, logits_processor=None,
              stopping_criteria=None, prefix_allowed_tokens_fn=None, synced_gpus=None, assistant_model=None,
              streamer=None, negative_prompt_ids=None, negative_prompt_attention_mask=None, *,
-             lookahead: str | LookaheadConfig | Mapping[str, Any] = "auto", latency_curve: cost.CostModel | None = None,
-             lookahead_stats: list | None = None, **kwargs):
+             lookahead: str | LookaheadConfig | Mapping[str, Any] | None = None,
+             latency_curve: cost.CostModel | str | os.PathLike | None = None, lookahead_stats: list | None = None,
+             **kwargs):
     """``model.generate``'s arguments in, its output out, decoded by :func:`decode_batch` (module
     docstring: what is honoured, what is refused, the options of its own)."""
     given = {"prefix_allowed_tokens_fn": prefix_allowed_tokens_fn, "synced_gpus": synced_gpus,
@@ -100,7 +107,6 @@ def generate(model, inputs: torch.Tensor | None = None, generation_config=None, 
         if kwargs.get(name) is not None:
             raise ValueError(f"lookahead generate: `{name}` configures transformers' own decoding loop, which this "
                              "one replaces (it keeps its own KV cache); leave it out")
-    config = _lookahead_config(lookahead)
     input_ids = inputs if inputs is not None else kwargs.pop("input_ids", None)
     attention_mask = kwargs.pop("attention_mask", None)
     tokenizer = kwargs.pop("tokenizer", None)
@@ -109,6 +115,7 @@ def generate(model, inputs: torch.Tensor | None = None, generation_config=None, 
     if kwargs.pop("use_cache", True) is False:
         raise ValueError("lookahead generate: `use_cache=False` is not supported (the loop is built on the KV cache)")
     gen, rest = model._prepare_generation_config(generation_config, **kwargs)
+    config = _lookahead_config(lookahead if lookahead is not None else getattr(gen, "lookahead", "auto"))
     unknown = sorted(k for k in rest if k not in _UNSERVED_FIELDS)
     if unknown:
         raise ValueError(f"lookahead generate: `{unknown[0]}` is neither a generation option nor one of "
@@ -217,6 +224,9 @@ def _curve(state: _ModelState, prompts: list[list[int]], max_new: int,
            given: cost.CostModel | None) -> cost.CostModel:
     """``auto``'s latency curve: the given one, else the one measured in this process for the
     KV length's bucket, else measured now (the sizes the widest tree feeds)."""
+    if isinstance(given, (str, os.PathLike)):
+        stored = json.loads(Path(given).read_text())
+        return cost.CostModel.from_rows(stored["rows"] if isinstance(stored, dict) else stored)
     if given is not None:
         return given
     bucket = cost.kv_bucket(int(sum(map(len, prompts)) / len(prompts) + max_new / 2))

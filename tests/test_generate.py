@@ -299,3 +299,27 @@ def test_the_harness_runs_the_folder_beside_decode_with_the_same_tokens_and_step
     first_turns = rows[rows.turn == 1].pivot_table(index="item_id", columns="decoder", values="steps")
     assert (first_turns.hf_custom == first_turns.lookahead).all()      # turn 1: the same prompt, the same steps
     assert (tested[tested.decoder == "hf_custom"].W == 3).all() and tested.accepted_hist.notna().all()
+
+
+def test_options_come_from_the_generation_config_and_a_curve_from_a_file(tmp_path):
+    """``lookahead`` set on the model's generation config is used when the call names none (the
+    call's wins); ``latency_curve`` may be a JSON file of the curve's rows, as the harness caches them."""
+    import json
+
+    from lookahead_core import generate as module
+
+    model = tiny_random_model("llama")
+    ids = torch.tensor(prompts(model.config.vocab_size))
+    kwargs = dict(max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0)
+    reference = model.generate(ids, **kwargs)
+    model.generation_config.lookahead = {"window": 4, "ngram": 3, "guess": 4}
+    stats = []
+    assert torch.equal(lookahead_generate(model, ids, lookahead_stats=stats, **kwargs), reference)
+    assert max(stats[0].step_tokens) > 1 and not module._STATES[model].curves   # lookahead steps, not auto's
+    with pytest.raises(ValueError, match="`lookahead` must be one of"):
+        lookahead_generate(model, ids, lookahead="nope", **kwargs)     # the call's option wins
+    path = tmp_path / "curve.json"
+    path.write_text(json.dumps({"rows": FLAT.to_rows()}))
+    del model.generation_config.lookahead
+    assert torch.equal(lookahead_generate(model, ids, lookahead="auto", latency_curve=str(path), **kwargs), reference)
+    assert not module._STATES[model].curves                           # nothing measured: the file's curve served
