@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.metadata as metadata
 import os
+import shutil
 import subprocess
 import sys
 import venv
@@ -61,9 +62,15 @@ def link_site(dists: dict[str, metadata.Distribution], site: Path) -> None:
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
+    """The wheel, built from a copy of the sources (setuptools writes build/ beside them)."""
+    source, out = tmp_path_factory.mktemp("source"), tmp_path_factory.mktemp("wheel")
+    root = repo_root()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(root / name, source / name)
+    for package in ("lookahead_core", "experiments"):
+        shutil.copytree(root / package, source / package, ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out),
-                    str(repo_root())], check=True, capture_output=True, timeout=600)
+                    str(source)], check=True, capture_output=True, timeout=600)
     (found,) = out.glob("lookahead_bench-*.whl")
     return found
 

@@ -1,1 +1,0 @@
-"""Benchmark harness: dataset adapters, quality metrics and a sandbox for generated code."""

@@ -1,1 +1,0 @@
-"""Every decoder a job compares, behind one interface: the core's greedy, lookahead and auto, and transformers' own."""
