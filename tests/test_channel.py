@@ -1,0 +1,134 @@
+"""The grader/program channel's codec (experiments/grading/channel.py): every type that crosses
+comes back equal and of its exact type; what is not data (forged classes, subclasses, cycles,
+oversized values) is refused or becomes a handle; a hostile message decodes to nothing else."""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import decimal
+import json
+import math
+
+import pytest
+
+from experiments.grading import channel
+from experiments.grading.integrity import ADMITTED, PLAIN_TYPES
+
+VALUES = [
+    None, True, False, 0, -7, 2**200, 1.5, -0.0, 1e-310, float("inf"), complex(1.5, -2), "text ✓", b"\x00\xff",
+    [1, [2, [3]]], (1, "a", (2.5,)), {1: "a", (1, 2): [3], "k": {"n": None}}, {1, 2, 3}, frozenset({"x"}),
+    collections.deque([1, 2], maxlen=5), collections.OrderedDict([("b", 1), ("a", 2)]), collections.Counter("abca"),
+    collections.defaultdict(list, {"a": [1]}), datetime.date(2024, 2, 29), datetime.datetime(2024, 1, 2, 3, 4, 5, 6),
+    datetime.datetime(2024, 1, 2, 3, 4, tzinfo=datetime.timezone(datetime.timedelta(hours=2), "X")),
+    datetime.time(1, 2, 3), datetime.timedelta(days=-1, seconds=5), decimal.Decimal("3.14159265358979323846"),
+    int, str, type(None),
+]
+
+
+def exact_types(value):
+    """Every node's type, walked through the containers."""
+    yield type(value)
+    if type(value) in (list, tuple, set, frozenset, collections.deque):
+        for item in value:
+            yield from exact_types(item)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from exact_types(key)
+            yield from exact_types(item)
+
+
+@pytest.mark.parametrize("value", VALUES, ids=[type(v).__name__ + str(i) for i, v in enumerate(VALUES)])
+def test_data_crosses_equal_and_of_its_exact_type(value):
+    back = channel.decode(channel.encode(value))
+    assert back == value and list(exact_types(back)) == list(exact_types(value))
+    assert set(exact_types(back)) <= PLAIN_TYPES | ADMITTED
+    if type(value) is float:
+        assert math.copysign(1, back) == math.copysign(1, value)
+    if type(value) is collections.defaultdict:
+        assert back.default_factory is list
+    if type(value) is collections.deque:
+        assert back.maxlen == value.maxlen
+
+
+def test_nan_crosses_as_nan():
+    assert math.isnan(channel.decode(channel.encode(float("nan"))))
+
+
+class LiesAboutEquality:
+    def __eq__(self, other):
+        return True
+
+
+class Sneaky(int):
+    pass
+
+
+class Plain:
+    pass
+
+
+@pytest.mark.parametrize("forged", [LiesAboutEquality(), Sneaky(3), [1, Sneaky(2)], {"k": LiesAboutEquality()},
+                                    type("S", (str,), {})("x"), type("L", (list,), {})([1]), Plain,
+                                    collections.defaultdict(lambda: 0), iter([1]), print])
+def test_what_is_not_data_is_refused_without_a_handle(forged):
+    with pytest.raises(channel.NotData, match="not data|defaultdict"):
+        channel.encode(forged)
+
+
+def test_objects_of_the_program_cross_as_handles_and_come_back_as_the_same_object():
+    kept: list = []
+
+    def give(obj):                                  # the program side: one number per object, kept alive
+        for number, held in enumerate(kept):
+            if held is obj:
+                return number
+        kept.append(obj)
+        return len(kept) - 1
+
+    a, b = Plain(), Plain()
+    text = channel.encode([a, {"pair": (b, a)}], give)
+    proxies: dict[int, object] = {}
+    back = channel.decode(text, lambda n: proxies.setdefault(n, object()))
+    assert back[0] is back[1]["pair"][1] and back[0] is not back[1]["pair"][0]      # identity kept
+    assert kept == [a, b]
+    assert channel.decode(channel.encode(a, give), lambda n: kept[n]) is a        # a handle sent back resolves
+
+
+def test_cycles_depth_and_size_are_capped():
+    loop: list = []
+    loop.append(loop)
+    with pytest.raises(channel.NotData, match="contains itself"):
+        channel.encode(loop)
+    shared = [1]
+    assert channel.decode(channel.encode([shared, shared])) == [[1], [1]]          # sharing is not a cycle
+    deep: list = []
+    for _ in range(channel.DEPTH + 5):
+        deep = [deep]
+    with pytest.raises(channel.NotData, match="deeper"):
+        channel.encode(deep)
+    with pytest.raises(channel.NotData, match="more than the channel's"):
+        channel.encode("x" * 2000, limit=1000)
+    with pytest.raises(channel.NotData, match="more than the channel's"):
+        channel.decode(json.dumps("x" * 2000), limit=1000)
+
+
+@pytest.mark.parametrize("message", ['{"eval": "1"}', '{"type": "LiesAboutEquality"}', "{}", '{"handle": 1}',
+                                     '[{"tuple": [1, {"os.system": "x"}]}]'])
+def test_a_hostile_message_builds_nothing_but_data(message):
+    with pytest.raises((channel.NotData, KeyError)):
+        channel.decode(message)
+
+
+def test_an_exception_crosses_as_its_name_and_message():
+    class Custom(ValueError):
+        pass
+
+    assert (channel.raised(ValueError("bad")).kind, channel.raised(ValueError("bad")).message) == ("ValueError", "bad")
+    assert channel.raised(Custom("x")).kind.endswith("Custom")
+
+    class Loud(Exception):
+        def __str__(self):
+            raise RuntimeError("no")
+
+    assert channel.raised(Loud()).message == "<the message could not be read>"
