@@ -132,3 +132,93 @@ def test_an_exception_crosses_as_its_name_and_message():
             raise RuntimeError("no")
 
     assert channel.raised(Loud()).message == "<the message could not be read>"
+
+
+# ---------------------------------------------------------------------------------------------
+# The protocol: the grader drives the program's namespace through Server/Remote (here in one
+# process, send = server.answer; across processes the same lines go through pipes)
+
+from conftest import DATA_ROOT  # noqa: E402
+from experiments.data.datasets import get_dataset  # noqa: E402
+from experiments.grading import integrity  # noqa: E402
+
+
+def connect(source: str) -> channel.Remote:
+    namespace: dict = {}
+    exec(compile(source, "program.py", "exec"), namespace)
+    return channel.Remote(channel.Server(namespace).answer)
+
+
+def grader_namespace(remote: channel.Remote, test: str, own: str = "") -> dict:
+    """The test's globals: its own imports (``own``) run in the grader, every other name it reads
+    that the program defines a value or proxy from the program."""
+    names: dict = {}
+    exec(own, names)
+    for name in sorted(integrity.read_names(test) - integrity.defined_names(test) - set(names)):
+        try:
+            names[name] = remote.global_(name)
+        except KeyError:
+            continue
+    return names
+
+
+def test_every_humaneval_solution_passes_through_the_channel():
+    """The benchmark's canonical solutions, their tests run on the grader's side with the candidate
+    (and every program function the test calls) reached through the channel."""
+    items = get_dataset("humaneval").load(DATA_ROOT, source="local")
+    for item in items:
+        extra = item.extra
+        remote = connect(extra["prompt"] + item.reference)
+        names = grader_namespace(remote, extra["test"])
+        exec(extra["test"], names)
+        names["check"](remote.global_(extra["entry_point"]))
+
+
+def test_mbpp_solutions_pass_through_the_channel_with_objects_by_handle():
+    """MBPP's asserts in the grader; its setup code builds the program's objects (task 367's tree
+    of ``Node``) by handle, attribute writes crossing to the program."""
+    items = get_dataset("mbpp").load(DATA_ROOT, source="local")
+    assert items
+    for item in items:
+        extra = item.extra
+        imports = "\n".join(extra.get("test_imports") or [])
+        setup = extra.get("test_setup_code") or ""
+        remote = connect("\n".join([imports, item.reference, setup, ""]))
+        asserts = "\n".join(extra["test_list"])
+        names = grader_namespace(remote, "\n".join([imports, setup, asserts]), imports)
+        exec(setup, names)
+        exec(asserts, names)
+
+
+def test_objects_are_driven_by_handle_and_exceptions_cross_by_name():
+    remote = connect("""
+class Order:
+    def __init__(self):
+        self.menu = []
+        self.paid = False
+    def total(self):
+        return sum(d["price"] * d["count"] for d in self.menu)
+    def pay(self, amount):
+        if amount < 0:
+            raise ValueError("negative amount")
+        self.paid = amount >= self.total()
+        return self
+class Oops(Exception):
+    pass
+def fail():
+    raise Oops("custom")
+""")
+    Order = remote.global_("Order")
+    order = Order()
+    order.menu.append({"dish": "a", "price": 10, "count": 2})      # in place, as ClassEval_67's tests do
+    order.menu += [{"dish": "b", "price": 5, "count": 1}]
+    assert order.menu == [{"dish": "a", "price": 10, "count": 2}, {"dish": "b", "price": 5, "count": 1}]
+    assert order.total() == 25 and type(order.total()) is int
+    assert order.pay(30) is order and order.paid is True                 # the same proxy: identity holds
+    order.paid = False
+    assert order.paid is False
+    with pytest.raises(ValueError, match="negative amount"):
+        order.pay(-1)
+    with pytest.raises(channel.Raised, match="Oops: custom"):
+        remote.global_("fail")()
+    assert order != Order() and order == order                            # identity, as object compares

@@ -76,6 +76,9 @@ def _node(value: Any, handle, depth: int, path: set[int]) -> Any:
     if depth <= 0:
         raise NotData(f"the value nests deeper than {DEPTH} levels")
     cls = type(value)
+    if cls in _LIVE_BASE:                 # the grader's own view of a program attribute: its data
+        value = cls = _LIVE_BASE[cls](value)
+        cls = type(value)
     if value is None or cls is bool or cls is str:
         return value
     if cls is int:
@@ -186,3 +189,165 @@ def raised(exc: BaseException) -> Raised:
     except Exception:                          # noqa: BLE001 - a program's __str__ may raise
         message = "<the message could not be read>"
     return Raised(name, message[:2000])
+
+
+# ---------------------------------------------------------------------------------------------
+# The protocol: the program's side serves calls on its namespace; the grader's side drives it.
+#
+# One JSON line each way per request. Grader -> program: {"op": "global", "name": n} (a global of
+# the program's namespace), {"op": "call", "target": node, "args": [node...], "kwargs": [[k, node]...]},
+# {"op": "get", "target": node, "attr": a}, {"op": "set", "target": node, "attr": a, "value": node},
+# {"op": "mutate", "target": node, "attr": a, "method": m, "args": [...]} (an in-place change of an
+# attribute's container, e.g. ``obj.menu.append(x)``). Program -> grader: {"ok": node} or
+# {"raise": [kind, message]}. ``target`` nodes are handles or globals; values are codec nodes.
+
+MUTATORS = {list: ("append", "extend", "insert", "remove", "pop", "clear", "sort", "reverse", "__setitem__",
+                   "__delitem__", "__iadd__"),
+            dict: ("update", "pop", "popitem", "clear", "setdefault", "__setitem__", "__delitem__"),
+            set: ("add", "discard", "remove", "pop", "clear", "update", "difference_update",
+                  "intersection_update", "symmetric_difference_update")}
+
+
+class Server:
+    """The program's side: answers requests on ``namespace`` (the program's globals), keeping each
+    object it hands out by handle (one number per object) for as long as the conversation lasts."""
+
+    def __init__(self, namespace: dict[str, Any]) -> None:
+        self.namespace = namespace
+        self.held: list[Any] = []
+        self._numbers: dict[int, int] = {}
+
+    def _give(self, obj: Any) -> int:
+        number = self._numbers.get(id(obj))
+        if number is None:
+            number = self._numbers[id(obj)] = len(self.held)
+            self.held.append(obj)
+        return number
+
+    def _target(self, node: Any) -> Any:
+        if type(node) is dict and set(node) == {"global"}:
+            return self.namespace[node["global"]]
+        return _value(node, self.held.__getitem__)
+
+    def answer(self, line: str) -> str:
+        """The reply line to one request line."""
+        try:
+            request = json.loads(line)
+            op = request["op"]
+            arg = lambda node: _value(node, self.held.__getitem__)    # noqa: E731
+            if op == "global":
+                result = self.namespace[request["name"]]
+            elif op == "call":
+                result = self._target(request["target"])(*[arg(a) for a in request["args"]],
+                                                         **{k: arg(v) for k, v in request["kwargs"]})
+            elif op == "get":
+                result = getattr(self._target(request["target"]), request["attr"])
+            elif op == "set":
+                setattr(self._target(request["target"]), request["attr"], arg(request["value"]))
+                result = None
+            elif op == "mutate":
+                container = getattr(self._target(request["target"]), request["attr"])
+                if request["method"] not in MUTATORS.get(type(container), ()):
+                    raise NotData(f"{request['method']} does not change a {type(container).__name__} in place")
+                getattr(container, request["method"])(*[arg(a) for a in request["args"]])
+                result = None
+            else:
+                raise NotData(f"unknown request {op!r}")
+            return json.dumps({"ok": _node(result, self._give, DEPTH, set())}, separators=(",", ":"))
+        except BaseException as exc:              # noqa: BLE001 - every failure of the program is an answer
+            if type(exc) in (KeyboardInterrupt, SystemExit):
+                raise
+            kind = raised(exc)
+            return json.dumps({"raise": [kind.kind, kind.message]})
+
+
+class Remote:
+    """The grader's side: requests to the program through ``send(line) -> reply line`` (the
+    transport: pipes to the program's process, with its time limit). Objects come back as
+    :class:`Proxy` (one per handle, so identity holds), data as data, exceptions re-raised: a
+    builtin exception type as itself (``assertRaises(ValueError)`` works), any other as
+    :class:`Raised`."""
+
+    def __init__(self, send: Callable[[str], str]) -> None:
+        self.send = send
+        self.proxies: dict[int, Proxy] = {}
+
+    def _proxy(self, number: int) -> Proxy:
+        if number not in self.proxies:
+            self.proxies[number] = Proxy(self, {"handle": number})
+        return self.proxies[number]
+
+    def request(self, op: str, **fields: Any) -> Any:
+        reply = json.loads(self.send(json.dumps({"op": op, **fields}, separators=(",", ":"))))
+        if "raise" in reply:
+            kind, message = reply["raise"]
+            cls = getattr(builtins, kind, None)
+            if isinstance(cls, type) and issubclass(cls, Exception) and cls.__module__ == "builtins":
+                raise cls(message)
+            raise Raised(kind, message)
+        return _value(reply["ok"], self._proxy)
+
+    def encode(self, value: Any) -> Any:
+        """A grader-side value as a node: data, or a proxy sent back as its handle."""
+        return _node(value, lambda obj: obj._ref["handle"] if type(obj) is Proxy and obj._remote is self
+                     and "handle" in obj._ref else None, DEPTH, set())
+
+    def global_(self, name: str) -> Any:
+        """The program's global ``name``: data, or a proxy (its functions, classes, objects)."""
+        value = self.request("global", name=name)
+        return value
+
+
+class Proxy:
+    """An object of the program, in the grader: calls, attribute reads and writes go to the program
+    and come back as data or proxies. It compares by identity (``object``'s rules), which is how
+    ClassEval's and MBPP's objects compare; an attribute's container read from it remembers where
+    it came from, so an in-place change (``obj.menu.append(x)``) reaches the program too."""
+
+    __slots__ = ("_remote", "_ref")
+
+    def __init__(self, remote: Remote, ref: dict) -> None:
+        object.__setattr__(self, "_remote", remote)
+        object.__setattr__(self, "_ref", ref)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        remote = self._remote
+        return remote.request("call", target=self._ref, args=[remote.encode(a) for a in args],
+                              kwargs=[[k, remote.encode(v)] for k, v in kwargs.items()])
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        value = self._remote.request("get", target=self._ref, attr=name)
+        live = _LIVE.get(type(value))
+        return live(value, self, name) if live is not None else value
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        self._remote.request("set", target=self._ref, attr=name, value=self._remote.encode(value))
+
+    def __repr__(self) -> str:
+        return f"<program object {self._ref}>"
+
+
+def _live(base: type) -> type:
+    """``base`` (list, dict, set) whose in-place changes also reach the program attribute it was read from."""
+    def mutator(method: str) -> Callable[..., Any]:
+        def change(self, *args: Any) -> Any:
+            owner, attr = self._owner
+            owner._remote.request("mutate", target=owner._ref, attr=attr, method=method,
+                                  args=[owner._remote.encode(a) for a in args])
+            return getattr(base, method)(self, *args)
+
+        change.__name__ = method
+        return change
+
+    def init(self, value: Any, owner: Proxy, attr: str) -> None:
+        base.__init__(self, value)
+        self._owner = (owner, attr)
+
+    body = {"__init__": init, "__slots__": ("_owner",), **{m: mutator(m) for m in MUTATORS[base]}}
+    return type(f"Live{base.__name__.capitalize()}", (base,), body)
+
+
+_LIVE = {base: _live(base) for base in MUTATORS}
+_LIVE_BASE = {live: base for base, live in _LIVE.items()}
