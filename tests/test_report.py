@@ -129,3 +129,13 @@ def test_the_spec_bench_layout_shows_spec_benchs_speedup_beside_ours() -> None:
     assert "| items per column |  | 1 | 2 | 0 | 0 | 0 | 0 |  | 3 |" in shown
     for label in (report.SPEC_BENCH_SPEEDUP, report.SUMMED_TIME_SPEEDUP):
         assert f"`{label}` = " in report.leaderboard_note()
+
+
+def test_auto_records_are_found_beside_gzip_rows():
+    """Committed rows are ``x.csv.gz``; auto's records beside them are ``x.<decoder>.json`` (the
+    report once looked for ``x.csv.<decoder>.json`` and found none)."""
+    from experiments.data.datasets import repo_root
+
+    table = report.auto_calibration(report.find_csvs([repo_root() / "results" / "kernels" / "humaneval"]))
+    assert sorted(table.decoder) == ["auto@stock", "auto@stock", "auto@stream", "auto@stream"]
+    assert (table["calibration_s"] > 0).all() and (table["items"] > 0).all() and (table["decode_s"] > 0).all()

@@ -381,7 +381,8 @@ def kernel_table(table: pd.DataFrame) -> pd.DataFrame:
                     "stream/stock": by.at["stream", "speedup"] / by.at["stock", "speedup"],
                     "S_stock": by.at["stock", "S"], "S_stream": by.at["stream", "S"],
                     "matches_greedy": group["matches_greedy"].astype("Float64").mean()})
-    return pd.DataFrame(out)
+    return pd.DataFrame(out).sort_values(["experiment", "model"], kind="stable", ignore_index=True) if out \
+        else pd.DataFrame()
 
 
 AUTO_NOTE = ("`calibration_s`: what the job spent preparing the decoder (latency curve, calibration decodes; a pick "
@@ -395,8 +396,9 @@ def auto_calibration(files: Sequence[Path]) -> pd.DataFrame:
     pick, the protocol, this job's calibration seconds against the decoder's decoding seconds."""
     rows = []
     for path in files:
-        for record_path in sorted(path.parent.glob(path.stem + ".*.json")):
-            name = record_path.name[len(path.stem) + 1:-len(".json")]
+        base = sidecar(path, "").name                  # x.csv and x.csv.gz: records are x.<name>.json
+        for record_path in sorted(path.parent.glob(base + ".*.json")):
+            name = record_path.name[len(base) + 1:-len(".json")]
             record = json.loads(record_path.read_text())
             if "chosen" not in record:
                 continue
