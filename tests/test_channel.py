@@ -114,6 +114,7 @@ def test_cycles_depth_and_size_are_capped():
 
 
 @pytest.mark.parametrize("message", ['{"eval": "1"}', '{"type": "LiesAboutEquality"}', "{}", '{"handle": 1}',
+                                     '{"numpy": ["object", {"int": "1"}]}', '{"numpy": ["U5", "x"]}',
                                      '[{"tuple": [1, {"os.system": "x"}]}]'])
 def test_a_hostile_message_builds_nothing_but_data(message):
     with pytest.raises((channel.NotData, KeyError)):
@@ -222,3 +223,46 @@ def fail():
     with pytest.raises(channel.Raised, match="Oops: custom"):
         remote.global_("fail")()
     assert order != Order() and order == order                            # identity, as object compares
+
+
+def test_numpy_scalars_cross_by_dtype_and_arrays_by_handle():
+    np = pytest.importorskip("numpy")
+    for value in (np.float64(1.5), np.int32(-3), np.bool_(True), np.float32(0.1)):
+        back = channel.decode(channel.encode(value))
+        assert type(back) is type(value) and back == value
+    remote = connect("import numpy as np\ndef matrix():\n    return np.arange(6).reshape(2, 3)\n")
+    array = remote.global_("matrix")()
+    assert type(array) is channel.Proxy and array.tolist() == [[0, 1, 2], [3, 4, 5]]
+    assert len(array) == 2 and array.shape == (2, 3) and array[1].tolist() == [3, 4, 5]
+
+
+def test_arguments_the_program_changes_in_place_come_back_changed():
+    remote = connect("""
+def fill(items, table, seen):
+    items.append(len(items))
+    table["n"] = table.get("n", 0) + 1
+    seen.add("x")
+    return None
+class Box:
+    def __init__(self):
+        self.data = {}
+    def __getitem__(self, key):
+        return self.data[key]
+    def __setitem__(self, key, value):
+        self.data[key] = value
+    def __len__(self):
+        return len(self.data)
+    def __contains__(self, key):
+        return key in self.data
+""")
+    items, table, seen = [1], {}, set()
+    fill = remote.global_("fill")
+    fill(items, table, seen)
+    fill(items, table=table, seen=seen)
+    assert items == [1, 1, 2] and table == {"n": 2} and seen == {"x"}
+    box = remote.global_("Box")()
+    box["k"] = [1, 2]
+    assert box["k"] == [1, 2] and len(box) == 1 and "k" in box and "z" not in box
+    with pytest.raises(KeyError):
+        box["z"]
+    assert box != box["k"] and box == box                                # comparisons stay identity

@@ -12,7 +12,8 @@ Types that cross by value (exactly these, not subclasses): ``None``, ``bool``, `
 (bit-exact, ``nan`` and infinities included), ``complex``, ``str``, ``bytes``, ``list``, ``tuple``,
 ``dict`` (any keys), ``set``, ``frozenset``, ``collections.deque``, ``OrderedDict``, ``Counter``,
 ``defaultdict`` (of a builtin factory), ``datetime`` dates, times, datetimes, deltas and fixed-offset
-zones, ``decimal.Decimal``, and builtin classes themselves (``type(x) == int``). An exception
+zones, ``decimal.Decimal``, numpy's number scalars (by dtype), and builtin classes themselves
+(``type(x) == int``). An exception
 crosses as its type's name and message (:class:`Raised`). Sizes are capped (``limit`` bytes of
 text, ``depth`` levels); a cycle is refused.
 
@@ -27,7 +28,8 @@ import collections
 import datetime
 import decimal
 import json
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Sequence
 from typing import Any
 
 LIMIT = 16 << 20           # bytes of encoded text per message
@@ -123,6 +125,9 @@ def _node(value: Any, handle, depth: int, path: set[int]) -> Any:
         items = [_node(v, handle, depth - 1, path) for v in value]
         return {tag: items, "maxlen": value.maxlen} if cls is collections.deque and value.maxlen is not None \
             else {tag: items}
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and cls.__module__ == "numpy" and issubclass(cls, (numpy.number, numpy.bool_)):
+        return {"numpy": [numpy.dtype(cls).name, _node(value.item(), handle, depth - 1, path)]}
     number = handle(value) if handle is not None else None
     if number is None:
         module = getattr(cls, "__module__", "?")
@@ -172,6 +177,13 @@ def _value(node: Any, handle) -> Any:
     if tag == "defaultdict":
         factory = None if body[0] is None else _FACTORIES[body[0]]
         return collections.defaultdict(factory, ((_value(k, handle), _value(v, handle)) for k, v in body[1]))
+    if tag == "numpy":                      # a number of numpy's own scalar types, by dtype name
+        import numpy
+
+        dtype = numpy.dtype(body[0])
+        if dtype.kind not in "biufc":                  # numbers and booleans only, whatever is claimed
+            raise NotData(f"numpy dtype {body[0]!r} is not a number's")
+        return dtype.type(_value(body[1], handle))
     if tag == "handle":
         if handle is None:
             raise NotData("a handle where none is expected")
@@ -238,8 +250,21 @@ class Server:
             if op == "global":
                 result = self.namespace[request["name"]]
             elif op == "call":
-                result = self._target(request["target"])(*[arg(a) for a in request["args"]],
-                                                         **{k: arg(v) for k, v in request["kwargs"]})
+                args = [arg(a) for a in request["args"]]
+                kwargs = {k: arg(v) for k, v in request["kwargs"]}
+                result = self._target(request["target"])(*args, **kwargs)
+                # what the call left in its mutable arguments goes back: the caller's own list,
+                # dict or set then holds it, as it would have after an in-process call
+                after = [_node(a, self._give, DEPTH, set()) if type(a) in MUTATORS else None
+                         for a in [*args, *kwargs.values()]]
+                return json.dumps({"ok": _node(result, self._give, DEPTH, set()), "after": after},
+                                  separators=(",", ":"))
+            elif op == "item":                          # obj[key], len(obj), key in obj, list(obj)
+                target, key = self._target(request["target"]), arg(request["key"])
+                how = request["how"]
+                result = {"get": lambda: target[key], "len": lambda: len(target), "in": lambda: key in target,
+                          "iter": lambda: list(target), "set": lambda: target.__setitem__(key, arg(request["value"])),
+                          "del": lambda: target.__delitem__(key)}[how]()
             elif op == "get":
                 result = getattr(self._target(request["target"]), request["attr"])
             elif op == "set":
@@ -277,7 +302,9 @@ class Remote:
             self.proxies[number] = Proxy(self, {"handle": number})
         return self.proxies[number]
 
-    def request(self, op: str, **fields: Any) -> Any:
+    def request(self, op: str, _mutable: Sequence[Any] = (), **fields: Any) -> Any:
+        """One request; ``_mutable``: the call's arguments, whose lists, dicts and sets take back what
+        the program left in them."""
         reply = json.loads(self.send(json.dumps({"op": op, **fields}, separators=(",", ":"))))
         if "raise" in reply:
             kind, message = reply["raise"]
@@ -285,6 +312,9 @@ class Remote:
             if isinstance(cls, type) and issubclass(cls, Exception) and cls.__module__ == "builtins":
                 raise cls(message)
             raise Raised(kind, message)
+        for mine, node in zip(_mutable, reply.get("after") or ()):
+            if node is not None and type(mine) in _REFILL:
+                _REFILL[type(mine)](mine, _value(node, self._proxy))
         return _value(reply["ok"], self._proxy)
 
     def encode(self, value: Any) -> Any:
@@ -312,8 +342,36 @@ class Proxy:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         remote = self._remote
-        return remote.request("call", target=self._ref, args=[remote.encode(a) for a in args],
+        return remote.request("call", [*args, *kwargs.values()], target=self._ref,
+                              args=[remote.encode(a) for a in args],
                               kwargs=[[k, remote.encode(v)] for k, v in kwargs.items()])
+
+    def _item(self, how: str, key: Any = None, value: Any = None) -> Any:
+        remote = self._remote
+        return remote.request("item", target=self._ref, how=how, key=remote.encode(key), value=remote.encode(value))
+
+    # The program's answers to the container protocol, as data (never to == or <: those stay
+    # identity, as for an object of the program's class in the benchmarks' own graders).
+    def __getitem__(self, key: Any) -> Any:
+        return self._item("get", key)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self._item("set", key, value)
+
+    def __delitem__(self, key: Any) -> None:
+        self._item("del", key)
+
+    def __len__(self) -> int:
+        size = self._item("len")
+        if type(size) is not int:
+            raise TypeError(f"len() of a program object gave a {type(size).__name__}")
+        return size
+
+    def __contains__(self, key: Any) -> bool:
+        return self._item("in", key) is True
+
+    def __iter__(self) -> Any:
+        return iter(self._item("iter"))
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") and name.endswith("__"):
@@ -350,4 +408,7 @@ def _live(base: type) -> type:
 
 
 _LIVE = {base: _live(base) for base in MUTATORS}
+_REFILL = {list: lambda mine, new: mine.__setitem__(slice(None), new),
+           dict: lambda mine, new: (mine.clear(), mine.update(new)),
+           set: lambda mine, new: (mine.clear(), mine.update(new))}
 _LIVE_BASE = {live: base for base, live in _LIVE.items()}
