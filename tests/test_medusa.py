@@ -315,7 +315,7 @@ def test_training_saves_heads_with_their_curve_and_accuracy_and_resumes(tmp_path
 
 
 @pytest.mark.parametrize("override, key", [("token=6000", "token"), ("tokens=-5", "tokens"), ("lr=fast", "lr"),
-                                           ("model=nowhere", "model")])
+                                           ("model=nowhere", "model"), ("model.linear=stream", "model.linear")])
 def test_a_bad_training_config_is_refused_in_one_line_naming_the_key(override, key):
     """Before torch loads: one line, exit 2."""
     from experiments.data.datasets import repo_root

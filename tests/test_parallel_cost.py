@@ -132,7 +132,8 @@ def test_measure_writes_every_piece_on_two_ranks(tmp_path) -> None:
 
 
 @pytest.mark.parametrize("override, key", [("kv_lenght=16", "kv_lenght"), ("backend=mpi", "backend"),
-                                           ("repeats=0", "repeats"), ("sizes=[0,4]", "sizes")])
+                                           ("repeats=0", "repeats"), ("sizes=[0,4]", "sizes"),
+                                           ("model.linear=auto", "model.linear")])
 def test_a_bad_measure_config_is_refused_in_one_line_naming_the_key(override: str, key: str) -> None:
     """Before torch loads, on the command line the ranks parse: one line, exit 2."""
     import subprocess

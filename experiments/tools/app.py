@@ -64,6 +64,14 @@ def one_kernel(model: object) -> None:
                           "measures one: stock, stream or auto")
 
 
+def stock_kernel(model: object, tool: str) -> None:
+    """A tool that loads its model on PyTorch's linear layers refuses another ``model.linear``
+    rather than ignore it."""
+    linear = getattr(model.linear, "value", model.linear)
+    if linear != "stock":
+        raise ConfigError(f"model.linear: {tool} runs PyTorch's linear layers (stock), got {linear}")
+
+
 def launch(config_name: str, app: Callable[[], None], check: Callable[[DictConfig], object]) -> None:
     """Check the command line's overrides once (Hydra's own errors then come as one line too), then
     run the Hydra app ``app``; multirun, ``--help`` and ``hydra.`` overrides go to Hydra as given."""

@@ -84,6 +84,7 @@ def check(cfg: DictConfig) -> MedusaConfig:
     if s.threads is not None and s.threads < 1:
         raise ConfigError(f"threads: must be at least 1 or null, got {s.threads}")
     check_packages(s.model)
+    app.stock_kernel(s.model, "head training")
     return s
 
 

@@ -68,6 +68,7 @@ def check(cfg: DictConfig) -> MeasureConfig:
     if not (s.device == "cpu" or s.device.startswith("cuda")):
         raise ConfigError(f"device: cpu or cuda[:N], got {s.device!r}")
     check_packages(s.model)
+    app.stock_kernel(s.model, "the parallel measurement")
     return s
 
 
