@@ -299,6 +299,8 @@ def test_model_linear_both_lists_each_decoder_once_per_kernel_under_the_same_fil
         "greedy@stock": "greedy@stock", "lookahead@stock": "greedy@stock", "auto@stock": "greedy@stock",
         "greedy@stream": "greedy@stock", "lookahead@stream": "greedy@stream", "auto@stream": "greedy@stream"}
     assert by_name["auto@stock"] is not by_name["auto@stream"] and by_name["auto@stock"].params == by_name["auto@stream"].params
+    with pytest.raises(ConfigError, match="model.linear: both cannot serve medusa: Medusa heads hold"):
+        to_settings(compose_config("model=tiny_llama", "decoders=[medusa]", "model.linear=both"), device="cpu")
     with pytest.raises(ConfigError, match="decoders: a name may not contain '@'"):
         to_settings(compose_config("model=tiny_llama", "decoders=[{use:lookahead,name:la@fast}]"), device="cpu")
 

@@ -297,6 +297,11 @@ def to_settings(cfg: DictConfig, *, device: str | None = None) -> RunSettings:
                           f"twins), got {names}")
     tag = config_tag(baseline, candidates, sampling, item_temperature=job.item_temperature)
     if run.model.linear is LinearKernel.both:
+        medusa = [d.name for d in (baseline, *candidates) if d.lookahead is not None
+                  and "medusa" in dict(d.lookahead.sources)]
+        if medusa:
+            raise ConfigError(f"model.linear: both cannot serve {medusa[0]}: Medusa heads hold the model's LM head "
+                              "module, which the kernel swap does not reach; measure them with stock or stream")
         baseline, *candidates = kernel_twins((baseline, *candidates))
         candidates = tuple(candidates)
     if run.batch_size > 1:
