@@ -4,7 +4,7 @@ Since 4.56 transformers runs the ``generate`` function of a folder's (or a Hub r
 ``custom_generate/generate.py`` in place of its own loop. The repository's ``hub/`` folder is such a
 folder, and its function is :func:`generate`::
 
-    out = model.generate(**tokenizer(prompts, return_tensors="pt", padding=True), max_new_tokens=128,
+    out = model.generate(**tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left"), max_new_tokens=128,
                          custom_generate="<clone>/hub", trust_remote_code=True, lookahead="auto")
 
 What ``generate`` does and this does too: the generation config merged with the keyword arguments
