@@ -266,3 +266,94 @@ class Box:
     with pytest.raises(KeyError):
         box["z"]
     assert box != box["k"] and box == box                                # comparisons stay identity
+
+
+# ---------------------------------------------------------------------------------------------
+# Across processes: the program in a child process, its only link the two pipes
+
+
+def start_program(source: str, tmp_path) -> tuple:
+    """A child process that runs ``source`` and then serves it on two pipes (no sandbox: what
+    crosses and how the grader survives the child, not the OS layer, is tested here)."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from experiments.data.datasets import repo_root
+
+    to_child_r, to_child_w = os.pipe()
+    from_child_r, from_child_w = os.pipe()
+    script = tmp_path / "program_side.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(repo_root())!r})\n"
+        "from experiments.grading.channel import serve\n"
+        f"namespace = {{}}\nexec(compile(open({str(tmp_path / 'program.py')!r}).read(), 'program.py', 'exec'), namespace)\n"
+        f"serve(namespace, {to_child_r}, {from_child_w})\n")
+    (tmp_path / "program.py").write_text(source)
+    child = subprocess.Popen([sys.executable, "-I", str(script)], pass_fds=(to_child_r, from_child_w))
+    os.close(to_child_r)
+    os.close(from_child_w)
+    transport = channel.Pipes(from_child_r, to_child_w, time.monotonic() + 30)
+    return child, channel.Remote(transport), transport
+
+
+def test_the_program_in_another_process_answers_through_pipes(tmp_path):
+    import os
+
+    child, remote, transport = start_program("""
+import os
+def add(a, b):
+    return a + b
+def pid():
+    return os.getpid()
+class Counter:
+    def __init__(self):
+        self.n = 0
+    def tick(self, times=1):
+        self.n += times
+        return self
+def hang():
+    while True:
+        pass
+def die():
+    os._exit(3)
+""", tmp_path)
+    try:
+        assert remote.global_("add")(2, 3) == 5 and remote.global_("add")([1], [2]) == [1, 2]
+        assert remote.global_("pid")() == child.pid != os.getpid()          # it ran over there
+        counter = remote.global_("Counter")()
+        assert counter.tick().tick(times=2) is counter and counter.n == 3
+        transport.deadline = __import__("time").monotonic() + 1
+        with pytest.raises(channel.ProgramGone, match="did not answer"):
+            remote.global_("hang")()
+        transport.deadline += 30
+        with pytest.raises(channel.ProgramGone, match="did not answer"):   # out of step: no late reply is read
+            remote.global_("add")(1, 1)
+    finally:
+        child.kill()
+        child.wait()
+    child, remote, transport = start_program("import os\ndef die():\n    os._exit(3)\n", tmp_path)
+    try:
+        with pytest.raises(channel.ProgramGone, match="ended"):
+            remote.global_("die")()
+        assert child.wait(timeout=10) == 3
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_humaneval_solutions_pass_with_the_program_in_another_process(tmp_path):
+    """The first items of HumanEval, each program in its own child process, the test in this one."""
+    items = get_dataset("humaneval").load(DATA_ROOT, source="local")[:10]
+    for item in items:
+        extra = item.extra
+        child, remote, _ = start_program(extra["prompt"] + item.reference, tmp_path)
+        try:
+            names = grader_namespace(remote, extra["test"])
+            exec(extra["test"], names)
+            names["check"](remote.global_(extra["entry_point"]))
+        finally:
+            child.kill()
+            child.wait()

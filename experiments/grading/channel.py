@@ -412,3 +412,73 @@ _REFILL = {list: lambda mine, new: mine.__setitem__(slice(None), new),
            dict: lambda mine, new: (mine.clear(), mine.update(new)),
            set: lambda mine, new: (mine.clear(), mine.update(new))}
 _LIVE_BASE = {live: base for base, live in _LIVE.items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# Across processes: one line per message over a pair of pipes
+
+
+class ProgramGone(RuntimeError):
+    """The program's process stopped answering: it died (end of file) or ran past its time."""
+
+
+class Pipes:
+    """The grader's transport: ``send(line)`` writes a request to ``write_fd`` and reads the reply
+    line from ``read_fd``, waiting at most until ``deadline`` (``time.monotonic()``); a program
+    that closed its end fails the call with :class:`ProgramGone`, and so does one that runs past
+    the deadline. Replies are read in chunks up to ``limit`` bytes a line."""
+
+    def __init__(self, read_fd: int, write_fd: int, deadline: float, limit: int = LIMIT + 1024) -> None:
+        self.read_fd, self.write_fd, self.deadline, self.limit = read_fd, write_fd, deadline, limit
+        self._buffer = b""
+        self.gone: str | None = None          # once set, every call fails with it (the stream is out of step)
+
+    def __call__(self, line: str) -> str:
+        if self.gone is not None:
+            raise ProgramGone(self.gone)
+        try:
+            return self._exchange(line)
+        except ProgramGone as gone:
+            self.gone = str(gone)
+            raise
+
+    def _exchange(self, line: str) -> str:
+        import os
+        import select
+        import time
+
+        data = line.encode() + b"\n"
+        try:
+            while data:
+                data = data[os.write(self.write_fd, data):]
+        except BrokenPipeError:
+            raise ProgramGone("the program's process ended (it closed the channel)") from None
+        while b"\n" not in self._buffer:
+            left = self.deadline - time.monotonic()
+            if left <= 0 or not select.select([self.read_fd], [], [], left)[0]:
+                raise ProgramGone("the program did not answer within the item's time")
+            chunk = os.read(self.read_fd, 1 << 16)
+            if not chunk:
+                raise ProgramGone("the program's process ended (it closed the channel)")
+            self._buffer += chunk
+            if len(self._buffer) > self.limit:
+                raise ProgramGone(f"the program's answer exceeds {self.limit} bytes")
+        reply, _, self._buffer = self._buffer.partition(b"\n")
+        return reply.decode("utf-8", errors="replace")
+
+
+def serve(namespace: dict[str, Any], read_fd: int, write_fd: int) -> None:
+    """The program's side of :class:`Pipes`: answer each request line until the grader closes the channel."""
+    import os
+
+    server, buffer = Server(namespace), b""
+    while True:
+        chunk = os.read(read_fd, 1 << 16)
+        if not chunk:
+            return
+        buffer += chunk
+        while b"\n" in buffer:
+            line, _, buffer = buffer.partition(b"\n")
+            reply = server.answer(line.decode("utf-8", errors="replace")).encode() + b"\n"
+            while reply:
+                reply = reply[os.write(write_fd, reply):]
