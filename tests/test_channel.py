@@ -89,10 +89,10 @@ def test_objects_of_the_program_cross_as_handles_and_come_back_as_the_same_objec
     a, b = Plain(), Plain()
     text = channel.encode([a, {"pair": (b, a)}], give)
     proxies: dict[int, object] = {}
-    back = channel.decode(text, lambda n: proxies.setdefault(n, object()))
+    back = channel.decode(text, lambda tag, n: proxies.setdefault(n, object()))
     assert back[0] is back[1]["pair"][1] and back[0] is not back[1]["pair"][0]      # identity kept
     assert kept == [a, b]
-    assert channel.decode(channel.encode(a, give), lambda n: kept[n]) is a        # a handle sent back resolves
+    assert channel.decode(channel.encode(a, give), lambda tag, n: kept[n]) is a   # a handle sent back resolves
 
 
 def test_cycles_depth_and_size_are_capped():
@@ -147,7 +147,7 @@ from experiments.grading import integrity  # noqa: E402
 def connect(source: str) -> channel.Remote:
     namespace: dict = {}
     exec(compile(source, "program.py", "exec"), namespace)
-    return channel.Remote(channel.Server(namespace).answer)
+    return channel.Remote.local(namespace)
 
 
 def grader_namespace(remote: channel.Remote, test: str, own: str = "") -> dict:
@@ -355,5 +355,52 @@ def test_humaneval_solutions_pass_with_the_program_in_another_process(tmp_path):
             exec(extra["test"], names)
             names["check"](remote.global_(extra["entry_point"]))
         finally:
+            child.kill()
+            child.wait()
+
+
+LENDING = """
+def use(mock, key, element, items):
+    mock.start(3)
+    mock.client.send("x", retries=2)
+    found = [child.tag for child in element]
+    element[1].text = "set by the program"
+    return {"key": key("AbC"), "found": found, "n": len(element), "first": element[0].text, "sum": sum(items)}
+def peek(obj, name):
+    return getattr(obj, name)
+"""
+
+
+@pytest.mark.parametrize("across", [False, True], ids=["one process", "two processes"])
+def test_objects_of_the_grader_are_lent_to_the_program_and_called_back(across, tmp_path):
+    """What a test passes that is not data (ClassEval_84's MagicMock, a function, an XML element)
+    is lent by reference: the program's calls, public attributes and iteration come back to the
+    grader as callbacks; nothing starting with ``_`` is shown, so no frame, global or class of the
+    grader is reachable that way."""
+    import xml.etree.ElementTree as ET
+    from unittest.mock import MagicMock
+
+    if across:
+        child, remote, _ = start_program(LENDING, tmp_path)
+    else:
+        child, remote = None, connect(LENDING)
+    try:
+        mock = MagicMock()
+        element = ET.fromstring("<r><a>1</a><b>2</b></r>")
+        out = remote.global_("use")(mock, str.lower, element, (1, 2, 3))
+        assert out == {"key": "abc", "found": ["a", "b"], "n": 2, "first": "1", "sum": 6}
+        assert element[1].text == "set by the program"
+        mock.start.assert_called_once_with(3)
+        mock.client.send.assert_called_once_with("x", retries=2)
+        peek = remote.global_("peek")
+        for target, name in ((str.lower, "__globals__"), (str.lower, "__self__"), (mock, "_mock_children"),
+                             (mock, "__dict__"), (element, "_private")):
+            with pytest.raises(AttributeError):
+                peek(target, name)
+        stand_in = peek(mock, "__class__")           # the program's own stand-in class, not the grader's
+        assert type(stand_in) is channel.Proxy and stand_in is not MagicMock
+        assert [c[0] for c in mock.method_calls] == ["start", "client.send"]   # nothing else reached the mock
+    finally:
+        if child is not None:
             child.kill()
             child.wait()

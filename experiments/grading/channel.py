@@ -56,19 +56,21 @@ _TAGGED_MAPPINGS = {"dict": dict, "odict": collections.OrderedDict, "counter": c
 _DATES = {"date": datetime.date, "datetime": datetime.datetime, "time": datetime.time}
 
 
-def encode(value: Any, handle: Callable[[Any], int | None] | None = None, *, limit: int = LIMIT,
+def encode(value: Any, handle: Callable[[Any], int | dict | None] | None = None, *, limit: int = LIMIT,
            depth: int = DEPTH) -> str:
     """``value`` as JSON text naming every node's exact type. ``handle(obj)``: a handle number for
     an object that is not data (the program side's objects; the same number for the same object,
-    so that identity survives the crossing), or None to refuse it (:class:`NotData`)."""
+    so that identity survives the crossing), a reference node to send as it is (``{"ghandle": n}``:
+    an object of the grader's), or None to refuse it (:class:`NotData`)."""
     text = json.dumps(_node(value, handle, depth, set()), separators=(",", ":"), allow_nan=False)
     if len(text) > limit:
         raise NotData(f"the value is {len(text)} bytes as data, more than the channel's {limit}")
     return text
 
 
-def decode(text: str, handle: Callable[[int], Any] | None = None, *, limit: int = LIMIT) -> Any:
-    """The value :func:`encode` wrote; ``handle(n)`` gives the object standing for handle ``n``."""
+def decode(text: str, handle: Callable[[str, int], Any] | None = None, *, limit: int = LIMIT) -> Any:
+    """The value :func:`encode` wrote; ``handle(tag, n)`` gives the object standing for reference
+    ``n`` (``tag``: ``handle``, an object of the program's, or ``ghandle``, one of the grader's)."""
     if len(text) > limit:
         raise NotData(f"a message of {len(text)} bytes, more than the channel's {limit}")
     return _value(json.loads(text), handle)
@@ -129,6 +131,8 @@ def _node(value: Any, handle, depth: int, path: set[int]) -> Any:
     if numpy is not None and cls.__module__ == "numpy" and issubclass(cls, (numpy.number, numpy.bool_)):
         return {"numpy": [numpy.dtype(cls).name, _node(value.item(), handle, depth - 1, path)]}
     number = handle(value) if handle is not None else None
+    if type(number) is dict:
+        return number
     if number is None:
         module = getattr(cls, "__module__", "?")
         raise NotData(f"a {cls.__qualname__ if module == 'builtins' else f'{module}.{cls.__qualname__}'} "
@@ -184,10 +188,10 @@ def _value(node: Any, handle) -> Any:
         if dtype.kind not in "biufc":                  # numbers and booleans only, whatever is claimed
             raise NotData(f"numpy dtype {body[0]!r} is not a number's")
         return dtype.type(_value(body[1], handle))
-    if tag == "handle":
+    if tag in ("handle", "ghandle"):
         if handle is None:
             raise NotData("a handle where none is expected")
-        return handle(int(body))
+        return handle(tag, int(body))
     raise NotData(f"unknown tag {tag!r}")
 
 
@@ -228,25 +232,43 @@ class Server:
         self.namespace = namespace
         self.held: list[Any] = []
         self._numbers: dict[int, int] = {}
+        self.lent: dict[int, GraderObject] = {}             # the grader's objects, by their number
+        self.ask_grader: Callable[[str], str] | None = None  # a callback line -> the grader's reply line
 
-    def _give(self, obj: Any) -> int:
+    def _give(self, obj: Any) -> int | dict:
+        if type(obj) is GraderObject and obj._server is self:
+            return {"ghandle": obj._number}
         number = self._numbers.get(id(obj))
         if number is None:
             number = self._numbers[id(obj)] = len(self.held)
             self.held.append(obj)
         return number
 
+    def _resolve(self, tag: str, number: int) -> Any:
+        if tag == "handle":
+            return self.held[number]
+        if number not in self.lent:
+            self.lent[number] = GraderObject(self, number)
+        return self.lent[number]
+
     def _target(self, node: Any) -> Any:
         if type(node) is dict and set(node) == {"global"}:
             return self.namespace[node["global"]]
-        return _value(node, self.held.__getitem__)
+        return _value(node, self._resolve)
+
+    def callback(self, op: str, **fields: Any) -> Any:
+        """A request of the program's code to an object the grader lent it (``GraderObject``)."""
+        if self.ask_grader is None:
+            raise NotData("no grader to ask: this channel carries no callbacks")
+        line = json.dumps({"cb": {"op": op, **fields}}, separators=(",", ":"))
+        return _answer_value(json.loads(self.ask_grader(line)), self._resolve)
 
     def answer(self, line: str) -> str:
         """The reply line to one request line."""
         try:
             request = json.loads(line)
             op = request["op"]
-            arg = lambda node: _value(node, self.held.__getitem__)    # noqa: E731
+            arg = lambda node: _value(node, self._resolve)    # noqa: E731
             if op == "global":
                 result = self.namespace[request["name"]]
             elif op == "call":
@@ -296,31 +318,78 @@ class Remote:
     def __init__(self, send: Callable[[str], str]) -> None:
         self.send = send
         self.proxies: dict[int, Proxy] = {}
+        self.lent: list[Any] = []                  # objects of the grader the program may call back
+        self._lent_numbers: dict[int, int] = {}
 
-    def _proxy(self, number: int) -> Proxy:
+    @classmethod
+    def local(cls, namespace: dict[str, Any]) -> Remote:
+        """Both sides in this process (tests): a Server on ``namespace``, callbacks answered directly."""
+        server = Server(namespace)
+        remote = cls(server.answer)
+        server.ask_grader = lambda line: remote.answer_callback(json.loads(line)["cb"])
+        return remote
+
+    def _resolve(self, tag: str, number: int) -> Any:
+        if tag == "ghandle":
+            return self.lent[number]
         if number not in self.proxies:
             self.proxies[number] = Proxy(self, {"handle": number})
         return self.proxies[number]
 
+    def _lend(self, obj: Any) -> int | dict | None:
+        if type(obj) is Proxy:
+            return obj._ref["handle"] if obj._remote is self else None
+        number = self._lent_numbers.get(id(obj))
+        if number is None:
+            number = self._lent_numbers[id(obj)] = len(self.lent)
+            self.lent.append(obj)
+        return {"ghandle": number}
+
     def request(self, op: str, _mutable: Sequence[Any] = (), **fields: Any) -> Any:
         """One request; ``_mutable``: the call's arguments, whose lists, dicts and sets take back what
-        the program left in them."""
+        the program left in them. While the program works on it, its callbacks to the objects the
+        grader lent it are answered (:meth:`answer_callback`)."""
         reply = json.loads(self.send(json.dumps({"op": op, **fields}, separators=(",", ":"))))
-        if "raise" in reply:
-            kind, message = reply["raise"]
-            cls = getattr(builtins, kind, None)
-            if isinstance(cls, type) and issubclass(cls, Exception) and cls.__module__ == "builtins":
-                raise cls(message)
-            raise Raised(kind, message)
+        while "cb" in reply:
+            reply = json.loads(self.send(self.answer_callback(reply["cb"])))
+        value = _answer_value(reply, self._resolve)
         for mine, node in zip(_mutable, reply.get("after") or ()):
             if node is not None and type(mine) in _REFILL:
-                _REFILL[type(mine)](mine, _value(node, self._proxy))
-        return _value(reply["ok"], self._proxy)
+                _REFILL[type(mine)](mine, _value(node, self._resolve))
+        return value
+
+    def answer_callback(self, request: dict) -> str:
+        """The grader's answer to the program's request on an object it lent: a call, a public
+        attribute read or written (no name starting with ``_``: nothing reaches the grader's frames, globals or
+        classes through dunders), or the container protocol; the result crosses as data or lent."""
+        try:
+            target = _value(request["target"], self._resolve)
+            if not any(target is obj for obj in self.lent):
+                raise NotData("a callback must name an object the grader lent")
+            arg = lambda node: _value(node, self._resolve)    # noqa: E731
+            op = request["op"]
+            if op == "call":
+                result = target(*[arg(a) for a in request["args"]], **{k: arg(v) for k, v in request["kwargs"]})
+            elif op in ("get", "set"):
+                name = request["attr"]
+                if type(name) is not str or name.startswith("_"):
+                    raise AttributeError(f"the grader's objects show no attribute {name!r} to the program")
+                result = getattr(target, name) if op == "get" else setattr(target, name, arg(request["value"]))
+            elif op == "item":
+                key, how = arg(request["key"]), request["how"]
+                result = {"get": lambda: target[key], "len": lambda: len(target), "in": lambda: key in target,
+                          "iter": lambda: list(target)}[how]()
+            else:
+                raise NotData(f"unknown callback {op!r}")
+            return json.dumps({"ok": _node(result, self._lend, DEPTH, set())}, separators=(",", ":"))
+        except Exception as exc:                                 # noqa: BLE001 - answered to the program
+            kind = raised(exc)
+            return json.dumps({"raise": [kind.kind, kind.message]})
 
     def encode(self, value: Any) -> Any:
-        """A grader-side value as a node: data, or a proxy sent back as its handle."""
-        return _node(value, lambda obj: obj._ref["handle"] if type(obj) is Proxy and obj._remote is self
-                     and "handle" in obj._ref else None, DEPTH, set())
+        """A grader-side value as a node: data, a proxy sent back as its handle, or any other
+        object lent to the program by reference (the program may call it back)."""
+        return _node(value, self._lend, DEPTH, set())
 
     def global_(self, name: str) -> Any:
         """The program's global ``name``: data, or a proxy (its functions, classes, objects)."""
@@ -385,6 +454,67 @@ class Proxy:
 
     def __repr__(self) -> str:
         return f"<program object {self._ref}>"
+
+
+def _answer_value(reply: dict, resolve: Callable[[str, int], Any]) -> Any:
+    """The value of a reply line, or its exception raised: a builtin exception type as itself,
+    any other as :class:`Raised`."""
+    if "raise" in reply:
+        kind, message = reply["raise"]
+        cls = getattr(builtins, kind, None)
+        if isinstance(cls, type) and issubclass(cls, Exception) and cls.__module__ == "builtins":
+            raise cls(message)
+        raise Raised(kind, message)
+    return _value(reply["ok"], resolve)
+
+
+class GraderObject:
+    """An object the grader lent the program (a mock, an XML element, a function the test passes),
+    in the program's process: calls, public attributes (read and written) and the container protocol go back to the
+    grader as callbacks (:meth:`Remote.answer_callback`), answered as data or further lent objects."""
+
+    __slots__ = ("_server", "_number")
+
+    def __init__(self, server: Server, number: int) -> None:
+        object.__setattr__(self, "_server", server)
+        object.__setattr__(self, "_number", number)
+
+    def _ref(self) -> dict:
+        return {"ghandle": self._number}
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        give = self._server._give
+        return self._server.callback("call", target=self._ref(), args=[_node(a, give, DEPTH, set()) for a in args],
+                                     kwargs=[[k, _node(v, give, DEPTH, set())] for k, v in kwargs.items()])
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return self._server.callback("get", target=self._ref(), attr=name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name.startswith("_"):
+            raise AttributeError(f"the grader's objects take no attribute {name!r} from the program")
+        self._server.callback("set", target=self._ref(), attr=name, value=_node(value, self._server._give, DEPTH, set()))
+
+    def _item(self, how: str, key: Any = None) -> Any:
+        return self._server.callback("item", target=self._ref(), how=how,
+                                     key=_node(key, self._server._give, DEPTH, set()))
+
+    def __getitem__(self, key: Any) -> Any:
+        return self._item("get", key)
+
+    def __len__(self) -> int:
+        size = self._item("len")
+        if type(size) is not int:
+            raise TypeError("len() of a grader object gave no int")
+        return size
+
+    def __contains__(self, key: Any) -> bool:
+        return self._item("in", key) is True
+
+    def __iter__(self) -> Any:
+        return iter(self._item("iter"))
 
 
 def _live(base: type) -> type:
@@ -468,17 +598,34 @@ class Pipes:
 
 
 def serve(namespace: dict[str, Any], read_fd: int, write_fd: int) -> None:
-    """The program's side of :class:`Pipes`: answer each request line until the grader closes the channel."""
+    """The program's side of :class:`Pipes`: answer each request line until the grader closes the
+    channel; a callback to a lent object writes its line and reads the grader's answer in between."""
     import os
 
-    server, buffer = Server(namespace), b""
-    while True:
-        chunk = os.read(read_fd, 1 << 16)
-        if not chunk:
-            return
-        buffer += chunk
-        while b"\n" in buffer:
-            line, _, buffer = buffer.partition(b"\n")
-            reply = server.answer(line.decode("utf-8", errors="replace")).encode() + b"\n"
-            while reply:
-                reply = reply[os.write(write_fd, reply):]
+    buffer = [b""]
+
+    def read_line() -> str | None:
+        while b"\n" not in buffer[0]:
+            chunk = os.read(read_fd, 1 << 16)
+            if not chunk:
+                return None
+            buffer[0] += chunk
+        line, _, buffer[0] = buffer[0].partition(b"\n")
+        return line.decode("utf-8", errors="replace")
+
+    def write_line(line: str) -> None:
+        data = line.encode() + b"\n"
+        while data:
+            data = data[os.write(write_fd, data):]
+
+    def ask_grader(line: str) -> str:
+        write_line(line)
+        answer = read_line()
+        if answer is None:
+            raise ProgramGone("the grader closed the channel")
+        return answer
+
+    server = Server(namespace)
+    server.ask_grader = ask_grader
+    while (line := read_line()) is not None:
+        write_line(server.answer(line))
