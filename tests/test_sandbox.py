@@ -57,15 +57,32 @@ LIBC = "import ctypes, ctypes.util\nlibc = ctypes.CDLL(None, use_errno=True)\n"
 # The host, before and after
 
 
+def _parent(pid: int) -> int:
+    try:
+        stat_line = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0
+    return int(stat_line.rsplit(")", 1)[1].split()[1])
+
+
 def _sandbox_processes() -> list[int]:
-    pids = []
+    """Processes of the sandbox uid that descend from this test process: this test's sandboxed
+    programs (a pid namespace cannot be left, and bwrap's end kills it whole). Another process's
+    sandbox runs, or other tenants' processes of uid 65534 (nobody), are not this test's to judge."""
+    me, pids = os.getpid(), []
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
             try:
-                if entry.stat().st_uid == SANDBOX_UID:
-                    pids.append(int(entry.name))
+                if entry.stat().st_uid != SANDBOX_UID:
+                    continue
             except OSError:
                 continue
+            pid, seen = int(entry.name), 0
+            ancestor = _parent(pid)
+            while ancestor > 1 and ancestor != me and seen < 64:
+                ancestor, seen = _parent(ancestor), seen + 1
+            if ancestor == me:
+                pids.append(pid)
     return pids
 
 
@@ -100,7 +117,8 @@ def _cgroups_in_reach() -> dict[str, str]:
 
 
 def _leftover_dirs() -> set[str]:
-    return {p.name for p in Path(tempfile.gettempdir()).glob("lookahead-sandbox-*")}
+    """This process's sandbox temporary directories (named by the grading process's pid)."""
+    return {p.name for p in Path(tempfile.gettempdir()).glob(f"lookahead-sandbox-{os.getpid()}-*")}
 
 
 class Canaries:
@@ -323,6 +341,69 @@ def test_host_unix_socket_and_network_are_unreachable(host: Canaries) -> None:
             with pytest.raises(socket.timeout):
                 listener.accept()
     path.unlink()
+
+
+@needs_bwrap
+def test_the_host_check_sees_this_tests_own_sandbox_while_it_runs() -> None:
+    """The checks the ``host`` fixture makes have teeth: during a run they see its sandboxed
+    process and its temporary directory (by ancestry and by the grading process's pid), and after
+    it neither; another process's sandbox runs are never counted."""
+    import threading
+
+    seen: list = []
+
+    def look() -> None:
+        time.sleep(1.0)
+        seen.append((_sandbox_processes(), _leftover_dirs()))
+
+    watcher = threading.Thread(target=look)
+    watcher.start()
+    result = run_code("import time\ntime.sleep(2.5)\n", limits=FAST)
+    watcher.join()
+    assert result.passed, result.stderr
+    (processes, dirs), = seen
+    assert processes and dirs and all(d.startswith(f"lookahead-sandbox-{os.getpid()}-") for d in dirs)
+    assert _sandbox_processes() == [] and _leftover_dirs() == set()
+
+
+@needs_bwrap
+def test_no_process_memory_can_be_traced_read_or_written(host: Canaries) -> None:
+    """ptrace and process_vm_readv/writev are denied by the seccomp filter, on the program's own
+    child and on itself (what a program would use on a grader process beside it)."""
+    import platform
+
+    numbers = {"x86_64": (101, 310, 311), "aarch64": (117, 270, 271)}.get(platform.machine())
+    if numbers is None:
+        pytest.skip(f"no seccomp filter for {platform.machine()}")
+    ptrace, readv, writev = numbers
+    probes = (("traceme", ptrace, (0, 0, 0, 0)), ("attach", ptrace, (16, "child", 0, 0)),
+              ("readv", readv, ("child", "iov", 1, "iov", 1, 0)), ("writev", writev, ("child", "iov", 1, "iov", 1, 0)))
+    program = LIBC + textwrap.dedent("""
+        import os, sys, time
+        child = os.fork()
+        if child == 0:
+            time.sleep(2)
+            os._exit(0)
+        buf = ctypes.create_string_buffer(64)
+        iov = (ctypes.c_void_p * 2)(ctypes.cast(buf, ctypes.c_void_p), 64)
+        values = {"child": child, "iov": ctypes.addressof(iov)}
+        for name, nr, args in PROBES:
+            ctypes.set_errno(0)
+            print(name, libc.syscall(nr, *[ctypes.c_long(values.get(a, a)) for a in args]), ctypes.get_errno())
+        os.kill(child, 9)
+    """)
+    result = run_code(f"PROBES = {probes!r}\n" + program, limits=FAST, guard=False)
+    assert result.passed, result.stderr
+    lines = dict(line.split(" ", 1) for line in result.stdout.splitlines())
+    assert set(lines) == {"traceme", "attach", "readv", "writev"}, result.stdout
+    assert all(value == f"-1 {errno.EACCES}" for value in lines.values()), result.stdout
+    # The same calls without the filter (sandbox=process) work, so the filter is what denies them.
+    # TRACEME there makes the launcher the harness's tracee; the harness ends it.
+    unfiltered = run_code(f"PROBES = {probes[2:]!r}\n" + program, limits=FAST, guard=False, mode="process")
+    assert dict(line.split(" ", 1) for line in unfiltered.stdout.splitlines()) == {"readv": "64 0", "writev": "64 0"}
+    traced = run_code(f"PROBES = {probes[:1]!r}\n" + program + "\nimport os, signal\nos.kill(os.getpid(), signal.SIGCHLD)\n",
+                      limits=FAST, guard=False, mode="process")
+    assert traced.status == "error" and "signal 9" in traced.reason, (traced.status, traced.reason)
 
 
 @needs_bwrap

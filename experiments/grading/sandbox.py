@@ -143,9 +143,12 @@ def prlimit_argv(limits: Limits, nproc: int) -> list[str]:
 
 # seccomp: no AF_UNIX socket can be made (a host socket file on the read-only filesystem still
 # accepts connections: read-only mounts do not cover sockets), only stream socketpairs (asyncio's
-# self-pipe), no io_uring (it could open sockets without the socket syscall). Per architecture:
-# (AUDIT_ARCH value, socket, socketpair, io_uring_setup syscall numbers).
-_SECCOMP_ARCH = {"x86_64": (0xC000003E, 41, 53, 425), "aarch64": (0xC00000B7, 198, 199, 425)}
+# self-pipe), no io_uring (it could open sockets without the socket syscall), and no reading or
+# writing another process's memory or tracing it (ptrace, process_vm_readv/writev: nothing graded
+# needs them). Per architecture: (AUDIT_ARCH value, socket, socketpair, io_uring_setup syscall
+# numbers, the denied ones).
+_SECCOMP_ARCH = {"x86_64": (0xC000003E, 41, 53, 425, (101, 310, 311)),
+                 "aarch64": (0xC00000B7, 198, 199, 425, (117, 270, 271))}
 _AF_UNIX, _SOCK_STREAM, _EACCES = 1, 1, 13
 
 
@@ -154,12 +157,13 @@ def seccomp_filter(machine: str) -> bytes | None:
     where this module has no syscall table for it (the sandbox then runs without it, and says so)."""
     if machine not in _SECCOMP_ARCH:
         return None
-    arch, nr_socket, nr_socketpair, nr_io_uring = _SECCOMP_ARCH[machine]
+    arch, nr_socket, nr_socketpair, nr_io_uring, denied = _SECCOMP_ARCH[machine]
     # (label, op, k, jump-if-true label, jump-if-false label); None = the next instruction
     program = [
         ("", "ld", 4, None, None), ("", "jeq", arch, None, "kill"),          # a foreign ABI is killed
         ("", "ld", 0, None, None), ("", "jge", 0x40000000, "deny", None),   # the x32 ABI is refused
         ("", "jeq", nr_socket, "socket", None), ("", "jeq", nr_socketpair, "pair", None),
+        *(("", "jeq", nr, "deny", None) for nr in denied),
         ("", "jeq", nr_io_uring, "deny", "allow"),
         ("socket", "ld", 16, None, None), ("", "jeq", _AF_UNIX, "deny", "allow"),
         ("pair", "ld", 16, None, None), ("", "jeq", _AF_UNIX, None, "allow"),
@@ -335,6 +339,11 @@ def _wait(pid: int, timeout_s: float) -> tuple[int, bool, float]:
     delay = 0.001
     while True:
         done, status, usage = os.wait4(pid, os.WNOHANG)
+        if done and os.WIFSTOPPED(status):   # made itself our tracee (ptrace TRACEME; sandbox=process): end it
+            _kill_group(pid)
+            os.kill(pid, signal.SIGKILL)
+            _, status, usage = os.wait4(pid, 0)
+            return status, False, usage.ru_utime + usage.ru_stime
         if done:
             return status, False, usage.ru_utime + usage.ru_stime
         if time.monotonic() >= deadline:
@@ -439,7 +448,8 @@ def run_job(job: Mapping[str, Any], limits: Limits = Limits(), files: Mapping[st
         require("bwrap")
     nonce = secrets.token_hex(16)
     seccomp = seccomp_filter(os.uname().machine) if mode == "bwrap" else None
-    with tempfile.TemporaryDirectory(prefix="lookahead-sandbox-") as tmp:
+    # named by the grading process, so that what it leaves behind is told from other processes' runs
+    with tempfile.TemporaryDirectory(prefix=f"lookahead-sandbox-{os.getpid()}-") as tmp:
         root = Path(tmp)
         binds = _write_job(root, job, files)
         nonce_r = _pipe_with(nonce.encode())
