@@ -281,12 +281,9 @@ class Server:
                          for a in [*args, *kwargs.values()]]
                 return json.dumps({"ok": _node(result, self._give, DEPTH, set()), "after": after},
                                   separators=(",", ":"))
-            elif op == "item":                          # obj[key], len(obj), key in obj, list(obj)
-                target, key = self._target(request["target"]), arg(request["key"])
-                how = request["how"]
-                result = {"get": lambda: target[key], "len": lambda: len(target), "in": lambda: key in target,
-                          "iter": lambda: list(target), "set": lambda: target.__setitem__(key, arg(request["value"])),
-                          "del": lambda: target.__delitem__(key)}[how]()
+            elif op == "item":                          # obj[key], len(obj), key in obj, list(obj), ...
+                result = _ITEM[request["how"]](self._target(request["target"]), arg(request["key"]),
+                                               arg(request.get("value")))
             elif op == "get":
                 result = getattr(self._target(request["target"]), request["attr"])
             elif op == "set":
@@ -375,12 +372,10 @@ class Remote:
                 if type(name) is not str or name.startswith("_"):
                     raise AttributeError(f"the grader's objects show no attribute {name!r} to the program")
                 result = getattr(target, name) if op == "get" else setattr(target, name, arg(request["value"]))
-            elif op == "item":
-                key, how = arg(request["key"]), request["how"]
-                result = {"get": lambda: target[key], "len": lambda: len(target), "in": lambda: key in target,
-                          "iter": lambda: list(target)}[how]()
+            elif op == "item" and request["how"] in _ITEM_READS:
+                result = _ITEM[request["how"]](target, arg(request["key"]), None)
             else:
-                raise NotData(f"unknown callback {op!r}")
+                raise NotData(f"unknown callback {op!r} {request.get('how') or ''}".strip())
             return json.dumps({"ok": _node(result, self._lend, DEPTH, set())}, separators=(",", ":"))
         except Exception as exc:                                 # noqa: BLE001 - answered to the program
             kind = raised(exc)
@@ -393,11 +388,43 @@ class Remote:
 
     def global_(self, name: str) -> Any:
         """The program's global ``name``: data, or a proxy (its functions, classes, objects)."""
-        value = self.request("global", name=name)
-        return value
+        return self.request("global", name=name)
 
 
-class Proxy:
+# The container protocol across the channel: (target, key, value) -> result, by ``how``. The
+# grader's objects answer only the reads; the program's also take writes.
+_ITEM: dict[str, Callable[[Any, Any, Any], Any]] = {
+    "get": lambda target, key, _: target[key], "len": lambda target, _, __: len(target),
+    "in": lambda target, key, _: key in target, "iter": lambda target, _, __: list(target),
+    "set": lambda target, key, value: target.__setitem__(key, value),
+    "del": lambda target, key, _: target.__delitem__(key),
+}
+_ITEM_READS = ("get", "len", "in", "iter")
+
+
+class _Container:
+    """``obj[key]``, ``len``, ``in`` and iteration answered by the other side as data (through the
+    subclass's ``_item(how, key)``); ``==`` and ``<`` are never forwarded and stay identity."""
+
+    __slots__ = ()
+
+    def __getitem__(self, key: Any) -> Any:
+        return self._item("get", key)
+
+    def __len__(self) -> int:
+        size = self._item("len")
+        if type(size) is not int:
+            raise TypeError(f"len() of an object of the other process gave a {type(size).__name__}")
+        return size
+
+    def __contains__(self, key: Any) -> bool:
+        return self._item("in", key) is True
+
+    def __iter__(self) -> Any:
+        return iter(self._item("iter"))
+
+
+class Proxy(_Container):
     """An object of the program, in the grader: calls, attribute reads and writes go to the program
     and come back as data or proxies. It compares by identity (``object``'s rules), which is how
     ClassEval's and MBPP's objects compare; an attribute's container read from it remembers where
@@ -419,28 +446,12 @@ class Proxy:
         remote = self._remote
         return remote.request("item", target=self._ref, how=how, key=remote.encode(key), value=remote.encode(value))
 
-    # The program's answers to the container protocol, as data (never to == or <: those stay
-    # identity, as for an object of the program's class in the benchmarks' own graders).
-    def __getitem__(self, key: Any) -> Any:
-        return self._item("get", key)
-
+    # Beside the reads of _Container, the program's objects take item writes.
     def __setitem__(self, key: Any, value: Any) -> None:
         self._item("set", key, value)
 
     def __delitem__(self, key: Any) -> None:
         self._item("del", key)
-
-    def __len__(self) -> int:
-        size = self._item("len")
-        if type(size) is not int:
-            raise TypeError(f"len() of a program object gave a {type(size).__name__}")
-        return size
-
-    def __contains__(self, key: Any) -> bool:
-        return self._item("in", key) is True
-
-    def __iter__(self) -> Any:
-        return iter(self._item("iter"))
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") and name.endswith("__"):
@@ -468,7 +479,7 @@ def _answer_value(reply: dict, resolve: Callable[[str, int], Any]) -> Any:
     return _value(reply["ok"], resolve)
 
 
-class GraderObject:
+class GraderObject(_Container):
     """An object the grader lent the program (a mock, an XML element, a function the test passes),
     in the program's process: calls, public attributes (read and written) and the container protocol go back to the
     grader as callbacks (:meth:`Remote.answer_callback`), answered as data or further lent objects."""
@@ -500,21 +511,6 @@ class GraderObject:
     def _item(self, how: str, key: Any = None) -> Any:
         return self._server.callback("item", target=self._ref(), how=how,
                                      key=_node(key, self._server._give, DEPTH, set()))
-
-    def __getitem__(self, key: Any) -> Any:
-        return self._item("get", key)
-
-    def __len__(self) -> int:
-        size = self._item("len")
-        if type(size) is not int:
-            raise TypeError("len() of a grader object gave no int")
-        return size
-
-    def __contains__(self, key: Any) -> bool:
-        return self._item("in", key) is True
-
-    def __iter__(self) -> Any:
-        return iter(self._item("iter"))
 
 
 def _live(base: type) -> type:
