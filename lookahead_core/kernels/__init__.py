@@ -96,13 +96,6 @@ class StreamingLinear(torch.nn.Linear):
                 and w.is_contiguous() and module.in_features % 16 == 0
                 and (module.bias is None or module.bias.is_contiguous()))
 
-    @classmethod
-    def of(cls, linear: torch.nn.Linear) -> StreamingLinear:
-        """A StreamingLinear holding ``linear``'s own parameters (no copy)."""
-        new = cls(linear.in_features, linear.out_features, bias=linear.bias is not None, device="meta")
-        new.weight, new.bias = linear.weight, linear.bias
-        new.train(linear.training)
-        return new
 
 
 def use_streaming_linear(model: torch.nn.Module) -> int:
@@ -112,23 +105,25 @@ def use_streaming_linear(model: torch.nn.Module) -> int:
     reason = unavailable()
     if reason is not None:
         raise KernelUnavailable(reason)
-    swaps = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
-             if StreamingLinear.serves(child)]
-    for parent, name, child in swaps:
-        setattr(parent, name, StreamingLinear.of(child))
-    return len(swaps)
+    return _swap(model, StreamingLinear.serves, StreamingLinear)
 
 
 def use_stock_linear(model: torch.nn.Module) -> int:
     """Put PyTorch's ``nn.Linear`` back, in place, wherever ``model`` runs a :class:`StreamingLinear`
     (the same parameters); returns how many."""
+    return _swap(model, lambda child: isinstance(child, StreamingLinear), torch.nn.Linear)
+
+
+def _swap(model: torch.nn.Module, which, cls: type[torch.nn.Linear]) -> int:
+    """Replace every child module ``which`` selects by a ``cls`` holding its own parameters (no
+    copy: tied weights stay tied); returns how many."""
     swaps = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
-             if isinstance(child, StreamingLinear)]
+             if which(child)]
     for parent, name, child in swaps:
-        stock = torch.nn.Linear(child.in_features, child.out_features, bias=child.bias is not None, device="meta")
-        stock.weight, stock.bias = child.weight, child.bias
-        stock.train(child.training)
-        setattr(parent, name, stock)
+        new = cls(child.in_features, child.out_features, bias=child.bias is not None, device="meta")
+        new.weight, new.bias = child.weight, child.bias
+        new.train(child.training)
+        setattr(parent, name, new)
     return len(swaps)
 
 
