@@ -58,9 +58,6 @@ from .model_io import CausalLM
 PAPER = LookaheadConfig(window=15, ngram=5, guess=15)
 PRESETS = ("auto", "lookahead", "greedy")
 
-# generate's own arguments this loop cannot serve: refused when given (anything but None / False).
-_UNSERVED_ARGUMENTS = ("prefix_allowed_tokens_fn", "synced_gpus", "assistant_model", "negative_prompt_ids",
-                       "negative_prompt_attention_mask")
 # Generation-config fields that change or add to the output, with the value that does neither.
 _UNSERVED_FIELDS = {
     "num_beams": 1, "num_return_sequences": 1, "num_beam_groups": 1, "diversity_penalty": 0.0,
@@ -97,11 +94,12 @@ def generate(model, inputs: torch.Tensor | None = None, generation_config=None, 
              **kwargs):
     """``model.generate``'s arguments in, its output out, decoded by :func:`decode_batch` (module
     docstring: what is honoured, what is refused, the options of its own)."""
-    given = {"prefix_allowed_tokens_fn": prefix_allowed_tokens_fn, "synced_gpus": synced_gpus,
-             "assistant_model": assistant_model, "negative_prompt_ids": negative_prompt_ids,
-             "negative_prompt_attention_mask": negative_prompt_attention_mask}
-    for name in _UNSERVED_ARGUMENTS:
-        if given[name] not in (None, False):
+    # generate's own arguments this loop cannot serve: refused when given (anything but None / False)
+    unserved = {"prefix_allowed_tokens_fn": prefix_allowed_tokens_fn, "synced_gpus": synced_gpus,
+                "assistant_model": assistant_model, "negative_prompt_ids": negative_prompt_ids,
+                "negative_prompt_attention_mask": negative_prompt_attention_mask}
+    for name, given in unserved.items():
+        if given not in (None, False):
             raise ValueError(f"lookahead generate: `{name}` is not supported (this decode loop does not run it)")
     for name in _LOOP_ARGUMENTS:
         if kwargs.get(name) is not None:
@@ -119,7 +117,7 @@ def generate(model, inputs: torch.Tensor | None = None, generation_config=None, 
     unknown = sorted(k for k in rest if k not in _UNSERVED_FIELDS)
     if unknown:
         raise ValueError(f"lookahead generate: `{unknown[0]}` is neither a generation option nor one of "
-                         f"this decoder's ({', '.join(('lookahead', 'latency_curve', 'lookahead_stats'))})")
+                         "this decoder's (lookahead, latency_curve, lookahead_stats)")
     model._prepare_special_tokens(gen, attention_mask is not None, device=input_ids.device)  # as generate does
     for name, neutral in _UNSERVED_FIELDS.items():
         value = rest.get(name, getattr(gen, name, None))
@@ -129,7 +127,7 @@ def generate(model, inputs: torch.Tensor | None = None, generation_config=None, 
     if streamer is not None and input_ids.shape[0] > 1:
         raise ValueError("lookahead generate: a streamer takes batch size 1 (as in transformers' generate)")
 
-    prompts, padding = _prompts(input_ids, attention_mask)
+    prompts, paddings = _prompts(input_ids, attention_mask)
     width = input_ids.shape[1]
     max_new = gen.max_new_tokens if gen.max_new_tokens is not None else gen.max_length - width
     if max_new < 1:
@@ -148,7 +146,7 @@ def generate(model, inputs: torch.Tensor | None = None, generation_config=None, 
     if config == "auto":
         config = cost.widest_tree(_curve(state, prompts, max_new, latency_curve))
         prior = state.prior
-    on_token = _on_token([row[:pad] for row, pad in zip(input_ids.tolist(), padding)], criteria, streamer)
+    on_token = _on_token(paddings, criteria, streamer)
     if streamer is not None:
         streamer.put(input_ids.cpu())
     try:
@@ -185,21 +183,20 @@ def _lookahead_config(option) -> LookaheadConfig | str | None:
                      f"dict of its fields, got {option!r}")
 
 
-def _prompts(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> tuple[list[list[int]], list[int]]:
-    """Each row's tokens without its left padding, and how much padding it had."""
+def _prompts(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> tuple[list[list[int]], list[list[int]]]:
+    """Each row's tokens without its left padding, and that padding."""
     rows = input_ids.tolist()
     if attention_mask is None:
-        return rows, [0] * len(rows)
-    masks = attention_mask.tolist()
-    prompts, padding = [], []
-    for row, mask in zip(rows, masks):
+        return rows, [[] for _ in rows]
+    prompts, paddings = [], []
+    for row, mask in zip(rows, attention_mask.tolist()):
         pad = len(mask) - sum(mask)
         if any(mask[:pad]) or not all(mask[pad:]):
             raise ValueError("lookahead generate: `attention_mask` must be left padding (zeros, then ones) on every "
                              "row, as tokenizer(..., padding=True, padding_side='left') gives")
         prompts.append(row[pad:])
-        padding.append(pad)
-    return prompts, padding
+        paddings.append(row[:pad])
+    return prompts, paddings
 
 
 def _sampling(model, gen, width: int, extra) -> SamplingConfig:

@@ -173,12 +173,14 @@ def lookahead_config(params: Any, seed: int) -> LookaheadConfig | None:
 
 
 def core_columns(config: LookaheadConfig | None) -> dict[str, Any]:
+    """The row's config columns of a decoder running the core's loop with ``config``."""
     return {
         "W": None if config is None or config.pool_only else config.window,
         "N": None if config is None else config.ngram,
         "G": None if config is None else config.guess,
         "prompt_pool": None if config is None else config.prompt_pool,
         "pool_only": None if config is None else config.pool_only,
+        "params": json.dumps(config_fields(config), sort_keys=True, default=str),
     }
 
 
@@ -223,8 +225,7 @@ class CoreDecoder(Decoder):
         return self.name if self.config is None else config_label(self.config)
 
     def columns(self) -> dict[str, Any]:
-        return {**core_columns(self.config),
-                "params": json.dumps(config_fields(self.config), sort_keys=True, default=str)}
+        return core_columns(self.config)
 
     def generate(self, job, ids, state, limits, sampling) -> Generation:
         """A conversation's first turn starts from ``prior`` (if any); later turns carry their own
@@ -498,8 +499,7 @@ class HFCustomGenerate(HFGenerate):
         self._stats: list = []
 
     def columns(self) -> dict[str, Any]:
-        return {**core_columns(self.config),
-                "params": json.dumps(config_fields(self.config), sort_keys=True, default=str)}
+        return core_columns(self.config)
 
     def generate_kwargs(self, job) -> dict[str, Any]:
         from experiments.data.datasets import repo_root
