@@ -510,10 +510,9 @@ def _turn_rows(job: Job, item: Item, turn: int, results: dict[str, Timed], answe
         tokens = timed.output.tokens
         row = make_row(job, item, turn, decoder, timed, sampling.temperature, order.index(decoder))
         reference = settings.reference(decoder)
-        with job.kernel(reference):       # the reference's logits judge a difference
-            row.update(compare_to_baseline(job.lm, prompts, reference.name, decoder.name,
-                                           results[reference.name].output.tokens, tokens,
-                                           decoder is settings.baseline, sampling))
+        row.update(compare_to_baseline(job.lm, prompts, reference.name, decoder.name,
+                                       results[reference.name].output.tokens, tokens,
+                                       decoder is settings.baseline, sampling, judged_on=lambda: job.kernel(reference)))
         row["text"] = answers[decoder.name][turn - 1]
         rows.append(row)
     return rows
@@ -573,9 +572,11 @@ def make_row(job: Job, item: Item, turn: int, decoder: Decoder, timed: Timed, te
 
 def compare_to_baseline(model: Any, prompts: dict[str, list[int]], baseline_name: str, name: str,
                         baseline: list[int], tokens: list[int], is_baseline: bool,
-                        sampling: SamplingConfig) -> dict[str, Any]:
+                        sampling: SamplingConfig,
+                        judged_on: Callable[[], AbstractContextManager[None]] = ExitStack) -> dict[str, Any]:
     """Columns comparing a decoder's output with the baseline's on the same prompt: ``matches_greedy``
-    and, where a greedy output differs, ``first_diff``, ``diff_margin`` and ``diff_verdict``.
+    and, where a greedy output differs, ``first_diff``, ``diff_margin`` and ``diff_verdict``, the
+    baseline's logits computed inside ``judged_on()`` (``model.linear=both``: the baseline's kernel).
 
     When the two conversations already differed in an earlier turn, this turn's prompts differ
     too: the verdict is ``earlier_turn`` (the earlier turn's row has the real one), with no margin.
@@ -587,7 +588,8 @@ def compare_to_baseline(model: Any, prompts: dict[str, list[int]], baseline_name
     if prompts[name] != prompts[baseline_name]:
         first = next((i for i, (a, b) in enumerate(zip(baseline, tokens)) if a != b), min(len(baseline), len(tokens)))
         return {"matches_greedy": False, "first_diff": first, "diff_margin": None, "diff_verdict": "earlier_turn"}
-    found = divergence(model, prompts[baseline_name], baseline, tokens)
+    with judged_on():
+        found = divergence(model, prompts[baseline_name], baseline, tokens)
     return {"matches_greedy": False, "first_diff": found.position, "diff_margin": found.margin,
             "diff_verdict": found.verdict}
 
