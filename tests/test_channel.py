@@ -141,7 +141,6 @@ def test_an_exception_crosses_as_its_name_and_message():
 
 from conftest import DATA_ROOT  # noqa: E402
 from experiments.data.datasets import get_dataset  # noqa: E402
-from experiments.grading import integrity  # noqa: E402
 
 
 def connect(source: str) -> channel.Remote:
@@ -150,45 +149,20 @@ def connect(source: str) -> channel.Remote:
     return channel.Remote.local(namespace)
 
 
-def grader_namespace(remote: channel.Remote, test: str, own: str = "") -> dict:
-    """The test's globals: its own imports (``own``) run in the grader, every other name it reads
-    that the program defines a value or proxy from the program."""
-    names: dict = {}
-    exec(own, names)
-    for name in sorted(integrity.read_names(test) - integrity.defined_names(test) - set(names)):
-        try:
-            names[name] = remote.global_(name)
-        except KeyError:
-            continue
-    return names
+def test_humaneval_and_mbpp_solutions_pass_through_the_channel(capsys):
+    """``scripts/channel_fidelity.py`` on the benchmarks' canonical solutions: their tests run on
+    the grader's side with the candidate and every program function the test calls reached through
+    the channel; MBPP's setup code builds the program's objects (task 367's tree of ``Node``) by
+    handle, attribute writes crossing to the program. Every item passes."""
+    import importlib.util
 
+    from experiments.data.datasets import repo_root
 
-def test_every_humaneval_solution_passes_through_the_channel():
-    """The benchmark's canonical solutions, their tests run on the grader's side with the candidate
-    (and every program function the test calls) reached through the channel."""
-    items = get_dataset("humaneval").load(DATA_ROOT, source="local")
-    for item in items:
-        extra = item.extra
-        remote = connect(extra["prompt"] + item.reference)
-        names = grader_namespace(remote, extra["test"])
-        exec(extra["test"], names)
-        names["check"](remote.global_(extra["entry_point"]))
-
-
-def test_mbpp_solutions_pass_through_the_channel_with_objects_by_handle():
-    """MBPP's asserts in the grader; its setup code builds the program's objects (task 367's tree
-    of ``Node``) by handle, attribute writes crossing to the program."""
-    items = get_dataset("mbpp").load(DATA_ROOT, source="local")
-    assert items
-    for item in items:
-        extra = item.extra
-        imports = "\n".join(extra.get("test_imports") or [])
-        setup = extra.get("test_setup_code") or ""
-        remote = connect("\n".join([imports, item.reference, setup, ""]))
-        asserts = "\n".join(extra["test_list"])
-        names = grader_namespace(remote, "\n".join([imports, setup, asserts]), imports)
-        exec(setup, names)
-        exec(asserts, names)
+    spec = importlib.util.spec_from_file_location("channel_fidelity", repo_root() / "scripts" / "channel_fidelity.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    counts = script.main(["--data-root", str(DATA_ROOT), "--sets", "humaneval", "mbpp"])
+    assert all(passed == total > 0 for passed, total in counts.values()), capsys.readouterr().out
 
 
 def test_objects_are_driven_by_handle_and_exceptions_cross_by_name():
@@ -351,7 +325,7 @@ def test_humaneval_solutions_pass_with_the_program_in_another_process(tmp_path):
         extra = item.extra
         child, remote, _ = start_program(extra["prompt"] + item.reference, tmp_path)
         try:
-            names = grader_namespace(remote, extra["test"])
+            names = remote.test_globals(extra["test"])
             exec(extra["test"], names)
             names["check"](remote.global_(extra["entry_point"]))
         finally:

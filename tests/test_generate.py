@@ -323,3 +323,20 @@ def test_options_come_from_the_generation_config_and_a_curve_from_a_file(tmp_pat
     del model.generation_config.lookahead
     assert torch.equal(lookahead_generate(model, ids, lookahead="auto", latency_curve=str(path), **kwargs), reference)
     assert not module._STATES[model].curves                           # nothing measured: the file's curve served
+
+
+def test_the_call_cost_script_times_every_route(capsys):
+    """scripts/generate_call_cost.py (results/generate/README.md quotes it): each route's median,
+    the three routes decoding the same call."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("generate_call_cost", repo_root() / "scripts" / "generate_call_cost.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    threads = torch.get_num_threads()
+    try:
+        medians = script.main(["--rounds", "3"])
+    finally:
+        torch.set_num_threads(threads)
+    assert list(medians) == ["decode_batch", "lookahead_core.generate.generate", 'model.generate(custom_generate="hub")']
+    assert all(ms > 0 for ms in medians.values()) and "(median of 3)" in capsys.readouterr().out

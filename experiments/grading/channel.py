@@ -386,6 +386,21 @@ class Remote:
         object lent to the program by reference (the program may call it back)."""
         return _node(value, self._lend, DEPTH, set())
 
+    def test_globals(self, test: str, own: str = "") -> dict[str, Any]:
+        """Globals for running the benchmark's ``test`` source in the grader: ``own`` (the test's
+        imports, its setup) run here, and every other name the test reads that the program defines
+        comes from the program, as data or a proxy."""
+        from experiments.grading import integrity
+
+        names: dict[str, Any] = {}
+        exec(own, names)
+        for name in sorted(integrity.read_names(test) - integrity.defined_names(test) - set(names)):
+            try:
+                names[name] = self.global_(name)
+            except KeyError:                       # a name neither side defines: the test's NameError
+                continue
+        return names
+
     def global_(self, name: str) -> Any:
         """The program's global ``name``: data, or a proxy (its functions, classes, objects)."""
         return self.request("global", name=name)
