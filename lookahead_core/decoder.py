@@ -61,6 +61,7 @@ class DecodeStats:
     decode_seconds: float = 0.0                           # the whole step loop, wall clock
     model_seconds: float = 0.0                            # inside the model's forwards (device time on a GPU)
     comm_seconds: float = 0.0                             # of that, in collectives (lookahead parallelism)
+    draft_seconds: float = 0.0                            # in draft sources' own forwards (a drafter model's)
     drafts: DraftStats = field(default_factory=DraftStats)  # fed / tried / accepted per source and depth
 
     @property
@@ -220,18 +221,20 @@ def _run(model, prompts: list[list[int]], lookahead: LookaheadConfig | None, lim
     require_branching_support(lm, lookahead)     # the probe, once per model: refuses what it would get wrong
     seqs = [_Sequence(b, p, list(p), v, None, _pool_for(lookahead, state), DecodeStats())
             for b, (p, v) in enumerate(zip(prompts, verifiers))]
-    hidden = lookahead is not None and any(kind.hidden for kind, _ in active(lookahead))
+    kinds = [kind for kind, _ in active(lookahead)] if lookahead is not None else []
+    features = any(kind.features for kind in kinds)
+    hidden = features or any(kind.hidden for kind in kinds)
     clock = ForwardClock(lm.device)
-    cache, first = _prefill(lm, prompts, state, [s.stats for s in seqs], hidden, clock)
-    for seq, (logits, last_hidden) in zip(seqs, first):
+    cache, first = _prefill(lm, prompts, state, [s.stats for s in seqs], hidden, clock, features)
+    for seq, (logits, states) in zip(seqs, first):
         _accept(seq, seq.verify(EMPTY_TREE, logits[None]).tokens, limits, tokenizer, on_token)
         if lookahead is not None:
             seq.stats.drafts.prior = prior
             seq.proposer = Proposer.from_config(lookahead, seq.tokens, seq.pool, seq.prompt, lm.drafters,
                                                 seq.stats.drafts)
-            if hidden:       # the prefill's outcome: no new n-grams, the hidden state the first tree drafts from
-                seq.proposer.update(StepOutcome(seq.tokens, len(seq.tokens), seq.tokens[-1], hidden=last_hidden),
-                                    EMPTY_TREE, [])
+            if hidden:       # the prefill's outcome: no new n-grams, the hidden states the first tree drafts from
+                seq.proposer.update(StepOutcome(seq.tokens, len(seq.tokens), seq.tokens[-1], hidden=states[-1],
+                                                features=states if features else None), EMPTY_TREE, [])
     outputs: dict[int, DecodeOutput] = {}
     live = list(range(len(seqs)))                     # cache row r holds sequence live[r]
 
@@ -242,6 +245,7 @@ def _run(model, prompts: list[list[int]], lookahead: LookaheadConfig | None, lim
             seq = seqs[live[r]]
             seq.stats.decode_seconds = time.perf_counter() - start
             seq.stats.model_seconds = clock.seconds(seq.spans)
+            seq.stats.draft_seconds = seq.proposer.draft_seconds if seq.proposer is not None else 0.0
             seq.stats.new_tokens = len(seq.tokens) - len(seq.prompt)
             keep_pool = lookahead is not None and lookahead.keep_pool
             out_state = DecodeState(sequence_cache(cache, r, seq.committed), seq.tokens[:-1],
@@ -266,7 +270,7 @@ def _run(model, prompts: list[list[int]], lookahead: LookaheadConfig | None, lim
         for seq, plan, verdict, read, row_states in zip(batch, plans, verdicts, reads, states):
             kept = _accept(seq, verdict.tokens, limits, tokenizer, on_token)
             seq.stats.accepted.append(kept)
-            _learn(seq, plan, verdict, kept, read, row_states)
+            _learn(seq, plan, verdict, kept, read, row_states, features)
             keep.append(_keep(plan, verdict, kept))
         lm.commit(cache, past, keep, valid)
         for seq in batch:
@@ -373,10 +377,12 @@ def _accept(seq: _Sequence, tokens: list[int], limits: DecodeLimits, tokenizer, 
     return len(tokens)
 
 
-def _learn(seq: _Sequence, plan: _Plan, verdict: Verdict, kept: int, read: _Read, hidden: torch.Tensor | None) -> None:
+def _learn(seq: _Sequence, plan: _Plan, verdict: Verdict, kept: int, read: _Read, hidden: torch.Tensor | None,
+           features: bool = False) -> None:
     """5. Hand the sequence's sources what the step showed (``StepOutcome``): the ``kept`` tokens it
     committed, the window's next level, every logit row's top-k, the hidden state of the row that
-    gave the last kept token; and count the tree's acceptance (``Proposer.update``)."""
+    gave the last kept token (with ``features``: of each row that gave a kept token); and count the
+    tree's acceptance (``Proposer.update``)."""
     proposer, layout, fed = seq.proposer, plan.layout, plan.feed.tokens
     if proposer is None:
         return
@@ -387,8 +393,8 @@ def _learn(seq: _Sequence, plan: _Plan, verdict: Verdict, kept: int, read: _Read
         outcome = replace(outcome, row_tokens=[fed[r] for r in layout.logit_rows.tolist()],
                           row_topk=read.topk, row_topk_probs=read.topk_probs)
     if hidden is not None:
-        row = int(layout.tree_logits[verdict.path[kept - 2] + 1 if kept > 1 else 0])
-        outcome = replace(outcome, hidden=hidden[row])
+        rows = layout.tree_logits[[0] + [node + 1 for node in verdict.path[:kept - 1]]]
+        outcome = replace(outcome, hidden=hidden[int(rows[-1])], features=hidden[rows] if features else None)
     proposer.update(outcome, plan.tree, verdict.path)
 
 
@@ -406,9 +412,11 @@ def _hits_stop(tokenizer, generated: list[int], stop_strings: tuple[str, ...]) -
 
 
 def _prefill(lm: CausalLM, prompts: list[list[int]], state: DecodeState | None, stats: list[DecodeStats],
-             hidden: bool, clock: ForwardClock) -> tuple[object, list[tuple[torch.Tensor, torch.Tensor | None]]]:
+             hidden: bool, clock: ForwardClock, features: bool = False,
+             ) -> tuple[object, list[tuple[torch.Tensor, torch.Tensor | None]]]:
     """Fill the cache with the prompts (right-padded; with a state, the one prompt's uncached part);
-    return each prompt's last logits (V,) and, with ``hidden``, its last hidden state (H,) (else None)."""
+    return each prompt's last logits (V,) and, with ``hidden``, its last hidden state (1, H) (with
+    ``features``: every fed row's, (n, H)), else None."""
     if state is not None and state.cache is not None:
         cache = state.cache
         reuse = _common_prefix(state.cached_tokens, prompts[0])
@@ -416,15 +424,15 @@ def _prefill(lm: CausalLM, prompts: list[list[int]], state: DecodeState | None, 
         truncate_kv(cache, reuse)
     else:
         cache, reuse = lm.new_cache(), 0
-    feeds = [Feed(p[reuse:], torch.arange(len(p) - reuse), None, reuse, torch.tensor([len(p) - reuse - 1]))
-             for p in prompts]
+    feeds = [Feed(p[reuse:], torch.arange(len(p) - reuse), None, reuse, torch.tensor([len(p) - reuse - 1]),
+                  torch.arange(len(p) - reuse) if features else None) for p in prompts]
     with clock.span() as span:
         outs = lm.forward_batch(cache, feeds, hidden)
     seconds = clock.seconds([span])                   # the first token's logits are read next anyway
     for s, f in zip(stats, feeds):
         s.prefill_seconds, s.prefill_tokens = seconds, len(f.tokens)
     if hidden:
-        return cache, [(logits[0], states[0]) for logits, states in outs]
+        return cache, [(logits[0], states) for logits, states in outs]
     return cache, [(logits[0], None) for logits in outs]
 
 

@@ -72,6 +72,9 @@ class StepOutcome:
     row_topk_probs: torch.Tensor | None = None   # (rows, k) their softmax probabilities
     hidden: torch.Tensor | None = None     # (H,) last hidden state of the row that predicted the last
                                            # committed token (for sources registered with hidden=True)
+    features: torch.Tensor | None = None   # (k, H) last hidden states of the rows at positions
+                                           # len(context) - 1 - k .. len(context) - 2, each of which predicted
+                                           # the token after it (for sources registered with features=True)
 
 
 class DraftSource(Protocol):
@@ -587,3 +590,8 @@ class Proposer:
         self.stats.record(tree, path)
         for source in self.sources:
             source.update(outcome)
+
+    @property
+    def draft_seconds(self) -> float:
+        """Seconds the sources spent in forwards of their own (a drafter model's), ``seconds`` each."""
+        return sum(getattr(source, "seconds", 0.0) for source in self.sources)

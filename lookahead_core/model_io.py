@@ -116,7 +116,8 @@ class CausalLM:
 
     def forward_batch(self, cache: DynamicCache, feeds: list[Feed], hidden: bool = False):
         """One forward over every sequence of the batch (``feeds[b]`` is cache row b); logits per sequence
-        (with ``hidden``: ``(logits, last hidden states)`` per sequence, both of its ``logit_rows``).
+        (with ``hidden``: ``(logits, last hidden states)`` per sequence, of its ``logit_rows`` and its
+        ``hidden_rows``).
 
         Feeds are right-padded to the longest; a padding row sits at the sequence's ``position`` and
         sees only itself. The step's KV lands in slots ``past .. past + q - 1`` of every row
@@ -144,7 +145,7 @@ class CausalLM:
         if len(feeds) > 1:
             host |= {f"pick{b}": torch.searchsorted(needed, f.logit_rows) for b, f in enumerate(feeds)}
         if hidden:
-            host |= {f"rows{b}": f.logit_rows for b, f in enumerate(feeds)}
+            host |= {f"rows{b}": f.logit_rows if f.hidden_rows is None else f.hidden_rows for b, f in enumerate(feeds)}
         if not chain:
             host |= {"offsets": offsets, "visible": visible}
         on = to_device(host, self.device)
@@ -200,6 +201,7 @@ class Feed:
     visible: torch.Tensor | None     # (q, q) bool; None: a causal chain
     position: int                    # the sequence's committed KV length = position of its first token
     logit_rows: torch.Tensor         # (r,) sorted rows whose logits are returned
+    hidden_rows: torch.Tensor | None = None   # rows whose hidden states are returned (default: logit_rows)
 
 
 def commit_kv(cache: DynamicCache, past: int, keep_rows: list[list[int]], valid: list[int] | None = None) -> None:

@@ -48,6 +48,9 @@ class SourceKind:
         ``CausalLM.drafters[name]`` as a fourth argument, and a decode without one is refused.
     hidden: ``update`` needs the model's last hidden state at the row that predicted the step's last
         committed token (``StepOutcome.hidden``); the step's forward then returns hidden states.
+    features: ``update`` needs the model's last hidden state at every row that predicted a committed
+        token (``StepOutcome.features``: every prompt row after the prefill, the input row and the
+        accepted path's rows after a step), as EAGLE's drafter reads them.
     """
 
     name: str
@@ -58,6 +61,7 @@ class SourceKind:
     grid: Callable[[], list] | None = None
     drafter: bool = False
     hidden: bool = False
+    features: bool = False
 
     def size(self, config: Any) -> int:
         """How many drafts it proposes per step under ``config`` (0: off)."""
@@ -80,8 +84,8 @@ class SourceKind:
 SOURCES: dict[str, SourceKind] = {}
 
 
-def register_source(name: str, *, label: str, grid: Callable[[], list] | None = None,
-                    before_pool: bool = False, drafter: bool = False, hidden: bool = False) -> Callable[[type], type]:
+def register_source(name: str, *, label: str, grid: Callable[[], list] | None = None, before_pool: bool = False,
+                    drafter: bool = False, hidden: bool = False, features: bool = False) -> Callable[[type], type]:
     """Class decorator: registers a draft source under ``name`` (sized by ``sources={name: k}``).
 
     >>> @register_source("echo", label="echo")
@@ -97,7 +101,8 @@ def register_source(name: str, *, label: str, grid: Callable[[], list] | None = 
     >>> unregister_source("echo")
     """
     def add(cls: type) -> type:
-        _add(SourceKind(name, label, cls, grid=grid, before_pool=before_pool, drafter=drafter, hidden=hidden))
+        _add(SourceKind(name, label, cls, grid=grid, before_pool=before_pool, drafter=drafter, hidden=hidden,
+                        features=features))
         return cls
     return add
 
@@ -147,7 +152,8 @@ def label_parts(config: Any) -> list[str]:
 
 _add(SourceKind("suffix", "sfx", "lookahead_core.drafts:SuffixSource", before_pool=True))
 _add(SourceKind("recycle", "rc", "lookahead_core.drafts:RecycleSource", flags=(("recycle_window", "rw"),)))
-# Trained heads (lookahead_core/medusa.py, which needs torch): registered here by name so that a
+# Trained drafters (lookahead_core/medusa.py and eagle.py, which need torch): registered here by name so that a
 # config naming them validates without importing torch.
 _add(SourceKind("medusa", "md", "lookahead_core.medusa:MedusaSource", drafter=True, hidden=True))
+_add(SourceKind("eagle", "eg", "lookahead_core.eagle:EagleSource", drafter=True, features=True))
 BUILT_IN = frozenset(SOURCES)

@@ -1,0 +1,245 @@
+"""EAGLE drafters (Li et al., 2024: EAGLE-1 and EAGLE-2) as a draft source of the token tree.
+
+The drafter is one decoder layer of the base model's own architecture. At position i it reads
+``fc([embedding of token i+1 ; the base's feature at i])`` (2H -> H; the feature is the base's last
+hidden state, after its final norm: what its LM head reads) and predicts the feature at i + 1,
+whose token distribution the base's own LM head gives. The base's embeddings and LM head are
+reused, frozen; the layer's first norm is dropped, as in EAGLE's published drafters (its input is
+already a projection of normed features).
+
+Each step (:class:`EagleSource`):
+
+* ``update`` feeds the drafter the step's committed tokens with the base's features at the rows
+  that predicted them (``StepOutcome.features``: every prompt row after the prefill, the input row
+  and the accepted path's rows after a step), so the drafter's own KV cache holds exactly the
+  committed text, and keeps its last output: the predicted feature of the next position;
+* ``propose`` grows a tree from there as EAGLE-2 does: each level feeds the ``width`` best nodes of
+  the level above (by the product of the drafter's own probabilities along the path, which are well
+  calibrated to acceptance), each node seeing the committed cache and its ancestors, and takes each
+  one's top ``width`` children; after ``depth`` levels the ``size`` best nodes of the whole tree
+  (a prefix-closed set: a node never scores above its parent) become the drafts. The tree's nodes
+  then compete in the one token tree with every other source's (``Proposer``): each token is tagged
+  ``eagle:p<d>``, d the decile of the drafter's probability for it, so the acceptance measured per
+  tag and depth recalibrates it. The base verifies the tree like any other draft, so the output is
+  token-identical to greedy decoding whatever the drafter proposes.
+
+The tree's nodes enter the drafter's cache only while the tree grows: it is cut back to the
+committed text before the next ``update``. Time in the drafter's forwards is counted apart
+(``EagleSource.seconds``, summed into ``DecodeStats.draft_seconds``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers import DynamicCache
+
+from .layout import Draft
+from .model_io import truncate_kv
+
+WIDTH = 8                       # nodes expanded per level, and children taken from each (EAGLE-2's top-k)
+
+
+class EagleDrafter(nn.Module):
+    """``fc`` (2H -> H) and one decoder layer of the base's architecture, on the base's embeddings
+    and LM head (held by reference, not parameters of the drafter)."""
+
+    def __init__(self, model: nn.Module, *, bias: bool = True) -> None:
+        super().__init__()
+        decoder = model.get_decoder()
+        problem = _unserved(decoder)
+        if problem is not None:
+            raise ValueError(f"an EAGLE drafter is one decoder layer of the base's own architecture, with its "
+                             f"rotary embedding; {type(model).__name__} {problem}")
+        config = _one_layer(model.config)
+        hidden = config.hidden_size
+        self.config = config
+        self.fc = nn.Linear(2 * hidden, hidden, bias=bias)
+        self.layer = type(decoder.layers[0])(config, layer_idx=0)
+        self.layer.input_layernorm = nn.Identity()
+        self.rotary = type(decoder.rotary_emb)(config=config)
+        self.base = [model]           # a list: the base is not a submodule (its weights are not the drafter's)
+        self.to(device=model.device, dtype=model.dtype)
+
+    @property
+    def embed(self) -> nn.Module:
+        return self.base[0].get_input_embeddings()
+
+    @property
+    def lm_head(self) -> nn.Module:
+        return self.base[0].get_output_embeddings()
+
+    def forward(self, tokens: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
+                mask: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
+        """Predicted features (q, H) of ``tokens`` (q,) read with ``features`` (q, H) at ``positions``
+        (q,), after what ``cache`` holds; ``mask`` (q, cache length + q) bool: what each row sees."""
+        inputs = self.fc(torch.cat([self.embed(tokens), features.to(self.fc.weight.dtype)], dim=-1))[None]
+        position_ids = positions[None]
+        additive = torch.zeros(mask.shape, dtype=inputs.dtype, device=inputs.device)
+        additive.masked_fill_(~mask, torch.finfo(inputs.dtype).min)
+        out = self.layer(inputs, attention_mask=additive[None, None], position_ids=position_ids, cache=cache,
+                         use_cache=True, position_embeddings=self.rotary(inputs, position_ids))
+        return (out[0] if isinstance(out, tuple) else out)[0]
+
+    def log_probs(self, features: torch.Tensor) -> torch.Tensor:
+        """(q, V) log-probabilities of the next token from predicted features (q, H)."""
+        return torch.log_softmax(self.lm_head(features).float(), dim=-1)
+
+
+def _unserved(decoder: nn.Module) -> str | None:
+    """Why the drafter cannot be built on this decoder (None: it can): it needs a list of decoder
+    layers and one rotary embedding module called with (x, position_ids)."""
+    import inspect
+
+    if not isinstance(getattr(decoder, "layers", None), nn.ModuleList):
+        return "has no list of decoder layers (`model.layers`)"
+    rotary = getattr(decoder, "rotary_emb", None)
+    if rotary is None:
+        return "has no rotary embedding (`model.rotary_emb`): its positions are not rotary"
+    required = [p for p in inspect.signature(rotary.forward).parameters.values()
+                if p.default is inspect.Parameter.empty and p.kind is not inspect.Parameter.VAR_KEYWORD]
+    if len(required) > 2:
+        return f"has a rotary embedding that needs {', '.join(p.name for p in required[2:])} (per-layer rotary)"
+    return None
+
+
+def _one_layer(config):
+    """The base's text config with one hidden layer (the drafter's own)."""
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    one = type(config).from_dict(config.to_dict())
+    one.num_hidden_layers = 1
+    one._attn_implementation = "sdpa" if config._attn_implementation == "flex_attention" else config._attn_implementation
+    for name in ("layer_types", "sliding_window_pattern"):
+        if getattr(one, name, None) is not None and isinstance(getattr(one, name), list):
+            setattr(one, name, getattr(one, name)[:1])
+    return one
+
+
+@dataclass
+class _Node:
+    token: int
+    score: float                 # log of the product of the drafter's probabilities along the path
+    parent: int                  # index in the node list, -1 for a child of the root
+    depth: int
+    prob: float                  # the drafter's probability of this token after its parent
+
+
+class EagleSource:
+    """The ``eagle`` draft source: ``size`` nodes of an EAGLE-2 tree ``depth`` levels deep."""
+
+    topk = 0
+
+    def __init__(self, drafter: EagleDrafter, size: int, depth: int, width: int = WIDTH) -> None:
+        self.drafter, self.size, self.depth, self.width = drafter, size, depth, width
+        self.cache = DynamicCache()
+        self.first = 0                            # the position of the cache's first pair
+        self.next = None                          # position of the next pair to feed
+        self.root: torch.Tensor | None = None     # (H,) predicted feature of the position after the text
+        self.seconds = 0.0
+
+    @classmethod
+    def from_config(cls, config, size: int, context, drafter: EagleDrafter) -> EagleSource:
+        return cls(drafter, size, config.draft_depth)
+
+    @torch.no_grad()
+    def update(self, outcome) -> None:
+        features = outcome.features
+        if features is None or not len(features):
+            return
+        start = time.perf_counter()
+        context = outcome.context
+        first = len(context) - 1 - len(features)          # the position of the first feature
+        if self.next is None:
+            self.first = self.next = first
+        elif first != self.next:
+            raise ValueError(f"the drafter's text ends at position {self.next}, the step's features start at {first}")
+        device = self.drafter.fc.weight.device
+        tokens = torch.tensor(context[first + 1:], device=device)
+        positions = torch.arange(first, first + len(tokens), device=device)
+        past = self.cache.get_seq_length()
+        mask = torch.ones(len(tokens), past + len(tokens), dtype=torch.bool, device=device)
+        mask[:, past:] = torch.ones(len(tokens), len(tokens), dtype=torch.bool, device=device).tril()
+        out = self.drafter(tokens, features, positions, mask, self.cache)
+        self.next = first + len(tokens)
+        self.root = out[-1]
+        self.seconds += time.perf_counter() - start
+
+    @torch.no_grad()
+    def propose(self, context: Sequence[int]) -> list[Draft]:
+        if self.root is None or not self.size or not self.depth:
+            return []
+        start = time.perf_counter()
+        nodes = self._grow()
+        truncate_kv(self.cache, self.next - self.first)   # the tree's entries go: the cache holds the text
+        self.seconds += time.perf_counter() - start
+        return _drafts(nodes, self.size)
+
+    def _grow(self) -> list[_Node]:
+        """Every node the levels generated (their ``width`` best per level expanded, ``width``
+        children each)."""
+        drafter, device = self.drafter, self.drafter.fc.weight.device
+        nodes: list[_Node] = []
+        log_probs = drafter.log_probs(self.root[None])[0]
+        width = min(self.width, log_probs.shape[-1])
+        top = torch.topk(log_probs, width)
+        for value, token in zip(top.values.tolist(), top.indices.tolist()):
+            nodes.append(_Node(token, value, -1, 1, math.exp(value)))
+        frontier = list(range(len(nodes)))
+        inputs = {i: self.root for i in frontier}          # a node's input feature: its parent's output
+        slots: dict[int, int] = {}                         # node -> its slot in the drafter's cache
+        committed = self.next - self.first
+        for depth in range(2, self.depth + 1):
+            past = self.cache.get_seq_length()
+            q = len(frontier)
+            mask = torch.zeros(q, past + q, dtype=torch.bool, device=device)
+            mask[:, :committed] = True
+            for row, node in enumerate(frontier):
+                mask[row, past + row] = True
+                parent = nodes[node].parent
+                while parent >= 0:
+                    mask[row, slots[parent]] = True
+                    parent = nodes[parent].parent
+            tokens = torch.tensor([nodes[n].token for n in frontier], device=device)
+            features = torch.stack([inputs[n] for n in frontier])
+            positions = torch.full((q,), self.next - 1 + depth - 1, device=device)
+            out = drafter(tokens, features, positions, mask, self.cache)
+            for row, node in enumerate(frontier):
+                slots[node] = past + row
+            top = torch.topk(drafter.log_probs(out), width)
+            children = []
+            for row, node in enumerate(frontier):
+                for value, token in zip(top.values[row].tolist(), top.indices[row].tolist()):
+                    nodes.append(_Node(token, nodes[node].score + value, node, depth, math.exp(value)))
+                    inputs[len(nodes) - 1] = out[row]
+                    children.append(len(nodes) - 1)
+            frontier = sorted(children, key=lambda n: -nodes[n].score)[:width]
+        return nodes
+
+
+def _drafts(nodes: list[_Node], size: int) -> list[Draft]:
+    """The ``size`` best nodes (by score; every kept node's parent is kept too: a child never
+    scores above its parent, ties broken parent first) as one draft per leaf, tagged
+    ``eagle:p<decile of the drafter's probability>``."""
+    order = sorted(range(len(nodes)), key=lambda n: (-nodes[n].score, nodes[n].depth, n))
+    kept = set(order[:size])
+    kept = {n for n in kept if all(p in kept for p in _ancestors(nodes, n))}
+    parents = {nodes[n].parent for n in kept}
+    drafts = []
+    for leaf in sorted(n for n in kept if n not in parents):
+        path = [*reversed(_ancestors(nodes, leaf)), leaf]
+        drafts.append(Draft(tuple(nodes[n].token for n in path),
+                            tuple(f"eagle:p{min(int(nodes[n].prob * 10), 9)}" for n in path)))
+    return drafts
+
+
+def _ancestors(nodes: list[_Node], n: int) -> list[int]:
+    out, parent = [], nodes[n].parent
+    while parent >= 0:
+        out.append(parent)
+        parent = nodes[parent].parent
+    return out

@@ -1,0 +1,207 @@
+"""EAGLE drafters (lookahead_core/eagle.py): the tree they grow is verified like any draft, so decoding
+stays token-identical to greedy in fp32 on the tiny families, alone and mixed with the other sources,
+in a batch and across turns; sampling keeps the model's distribution; the drafter's cache holds
+exactly the committed text; its time is counted apart; a base it cannot be built on is refused."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+import torch
+
+from lookahead_core import CausalLM, DecodeLimits, LookaheadConfig, SamplingConfig, decode, decode_batch
+from lookahead_core.config import config_label
+from lookahead_core.drafts import StepOutcome
+from lookahead_core.eagle import EagleDrafter, EagleSource
+from lookahead_core.sources import SOURCES, register_source, unregister_source
+from experiments.models.loader import tiny_random_model
+from tiny_families import tiny_family_model
+
+FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "gemma2", "phi3", "olmo2", "granite", "cohere", "stablelm",
+            "starcoder2", "gpt_neox"]  # fmt: skip
+NEW = 40
+EAGLE = LookaheadConfig(window=1, ngram=4, guess=0, pool_only=True, tree=True, depth=4, sources={"eagle": 12})
+CONFIGS = [
+    EAGLE,                                                                    # the drafter alone
+    LookaheadConfig(window=1, ngram=4, guess=4, pool_only=True, tree=True, depth=4,
+                    budget=10, sources={"eagle": 8, "suffix": 4, "recycle": 4}),   # mixed with every source, a budget
+    LookaheadConfig(window=4, ngram=4, guess=4, tree=True, depth=3, sources={"eagle": 6}),   # beside a window
+]
+
+
+def drafter_for(model, kind: str, seed: int = 0) -> EagleDrafter:
+    """``repeat``: fc passes the feature through and the layer adds nothing, so the drafter predicts
+    the feature it was given: its first draft is the token the base chose last, again (accepted
+    wherever the output repeats a token), the teeth of the comparisons; ``random``: random weights."""
+    torch.manual_seed(seed)
+    drafter = EagleDrafter(model)
+    if kind == "repeat":
+        hidden = model.config.hidden_size
+        with torch.no_grad():
+            drafter.fc.weight.zero_()
+            drafter.fc.weight[:, hidden:] = torch.eye(hidden)
+            drafter.fc.bias.zero_()
+            for name, p in drafter.layer.named_parameters():
+                if name.endswith(("o_proj.weight", "down_proj.weight", "dense.weight", "dense_4h_to_h.weight",
+                                  "c_proj.weight", "o_proj.bias", "down_proj.bias", "dense.bias", "c_proj.bias")):
+                    p.zero_()
+    return drafter
+
+
+def prompt_for(vocab: int, seed: int = 0, length: int = 24) -> list[int]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (length,), generator=gen).tolist()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_eagle_trees_equal_greedy_on_the_tiny_families(family):
+    model = tiny_family_model(family, seed=3)
+    reference_lm = CausalLM(model)
+    accepted = 0
+    for kind in ("repeat", "random"):
+        lm = CausalLM(model, drafters={"eagle": drafter_for(model, kind)})
+        for p, config in enumerate(CONFIGS):
+            prompt = prompt_for(model.config.vocab_size, p)
+            reference = decode(reference_lm, prompt, None, DecodeLimits(max_new_tokens=NEW)).tokens
+            out = decode(lm, prompt, config, DecodeLimits(max_new_tokens=NEW))
+            assert out.tokens == reference, (family, kind, config)
+            table = {(r["source"], r["depth"]): r for r in out.stats.drafts.counts.table()}
+            assert table[("eagle", 1)]["fed"] > 0, "the drafter proposed nothing"
+            assert out.stats.draft_seconds > 0
+            accepted += sum(r["accepted"] for (s, _), r in table.items() if s == "eagle")
+    assert accepted > 0, "no EAGLE draft was ever accepted: the comparison had no teeth"
+
+
+def test_decode_batch_with_eagle_equals_each_sequence_alone():
+    model = tiny_random_model("llama", seed=2)
+    lm = CausalLM(model, drafters={"eagle": drafter_for(model, "repeat")})
+    prompts = [prompt_for(128, s, length) for s, length in ((0, 9), (1, 30), (2, 17))]
+    limits = DecodeLimits(max_new_tokens=NEW)
+    batch = decode_batch(lm, prompts, CONFIGS[1], limits)
+    for prompt, out in zip(prompts, batch):
+        alone = decode(lm, prompt, CONFIGS[1], limits)
+        assert out.tokens == alone.tokens == decode(model, prompt, None, limits).tokens
+        assert out.stats.accepted == alone.stats.accepted
+
+
+def test_a_second_turn_with_eagle_equals_a_fresh_decode():
+    """The second turn reuses the base's cache: the drafter starts from the first uncached position."""
+    model = tiny_random_model("llama", seed=4)
+    lm = CausalLM(model, drafters={"eagle": drafter_for(model, "repeat")})
+    limits = DecodeLimits(max_new_tokens=24)
+    turn1 = prompt_for(128, 7, 20)
+    first = decode(lm, turn1, CONFIGS[1], limits)
+    turn2 = turn1 + first.tokens + [3, 1, 4, 1, 5]
+    second = decode(lm, turn2, CONFIGS[1], limits, state=first.state)
+    assert second.stats.prefill_tokens == 6
+    assert second.tokens == decode(model, turn2, None, limits).tokens
+
+
+class FeatureSpy:
+    """A source registered with features=True that records what each update hands it."""
+
+    topk = 0
+    seen: list[tuple[list[int], torch.Tensor]] = []
+
+    @classmethod
+    def from_config(cls, config, size, context):
+        return cls()
+
+    def propose(self, context: Sequence[int]):
+        return []
+
+    def update(self, outcome) -> None:
+        FeatureSpy.seen.append((list(outcome.context), outcome.features.clone()))
+
+
+def test_each_update_hands_the_features_of_the_rows_that_chose_the_committed_tokens():
+    """``StepOutcome.features``: after the prefill every prompt row's last hidden state, after a step
+    the input row's and the accepted path's, in order: as one forward over the whole text gives them."""
+    register_source("fspy", label="fspy", features=True)(FeatureSpy)
+    try:
+        FeatureSpy.seen = []
+        model = tiny_random_model("llama", seed=5)
+        prompt = [3, 4, 5, 6, 3, 4, 5, 6, 3, 4, 5, 6, 7, 8, 3, 4]
+        config = LookaheadConfig(window=1, ngram=3, guess=3, pool_only=True, tree=True, sources={"suffix": 3, "fspy": 1})
+        out = decode(model, prompt, config, DecodeLimits(max_new_tokens=30))
+        assert max(out.stats.accepted) > 1, "no multi-token step: the rows of a path were not exercised"
+        with torch.inference_mode():
+            full = model(torch.tensor([prompt + out.tokens]), output_hidden_states=True).hidden_states[-1][0]
+        assert len(FeatureSpy.seen[0][1]) == len(prompt)
+        covered = []
+        for context, features in FeatureSpy.seen:
+            first = len(context) - 1 - len(features)
+            covered += range(first, len(context) - 1)
+            torch.testing.assert_close(features, full[first:len(context) - 1], atol=1e-5, rtol=1e-5)
+        assert covered == list(range(len(prompt) + len(out.tokens) - 1))   # every position once, in order
+    finally:
+        unregister_source("fspy")
+
+
+def test_the_drafter_cache_holds_exactly_the_committed_text():
+    """Updates in pieces, with trees grown (and cut) in between, leave the drafter where one pass over
+    the whole text leaves it: the same prediction for the next position."""
+    model = tiny_random_model("llama", seed=6)
+    drafter = drafter_for(model, "random", seed=1)
+    text = prompt_for(128, 3, 30)
+    with torch.inference_mode():
+        features = model(torch.tensor([text]), output_hidden_states=True).hidden_states[-1][0]
+    pieces = EagleSource(drafter, size=10, depth=4)
+    at = 12
+    pieces.update(StepOutcome(text[:at + 1], at + 1, text[at], features=features[:at]))
+    for end in (15, 16, 21, 29):
+        assert pieces.propose(text[:at + 1])
+        pieces.update(StepOutcome(text[:end + 1], at + 1, text[at], features=features[at:end]))
+        at = end
+    whole = EagleSource(drafter, size=10, depth=4)
+    whole.update(StepOutcome(text, len(text), text[-1], features=features[:-1]))
+    torch.testing.assert_close(pieces.root, whole.root, atol=1e-5, rtol=1e-5)
+    assert pieces.cache.get_seq_length() == whole.cache.get_seq_length() == len(text) - 1
+
+
+def test_the_tree_is_the_best_nodes_of_the_drafters_own_expansion():
+    model = tiny_random_model("llama", seed=6)
+    source = EagleSource(drafter_for(model, "random", seed=2), size=7, depth=3, width=3)
+    text = prompt_for(128, 4, 16)
+    with torch.inference_mode():
+        features = model(torch.tensor([text]), output_hidden_states=True).hidden_states[-1][0]
+    source.update(StepOutcome(text, len(text), text[-1], features=features[:-1]))
+    drafts = source.propose(text)
+    nodes = {d.tokens[:k] for d in drafts for k in range(1, len(d.tokens) + 1)}
+    assert len(nodes) == 7 and max(len(d.tokens) for d in drafts) <= 3
+    first = torch.topk(source.drafter.log_probs(source.root[None])[0], 3).indices.tolist()
+    assert {n[0] for n in nodes} <= set(first) and (first[0],) in nodes      # the best first token is kept
+    assert all(t.startswith("eagle:p") for d in drafts for t in d.tags)
+
+
+def test_eagle_sampling_keeps_the_distribution():
+    """Recursive rejection over the drafter's tree: the first 3 tokens' distribution is the model's."""
+    from test_sampling import DRAWS, PROMPT, VOCAB, chi_square_pvalue, exact_distribution
+
+    model = tiny_random_model("llama", seed=0, vocab_size=VOCAB, initializer_range=0.05)
+    lm = CausalLM(model, drafters={"eagle": drafter_for(model, "repeat")})
+    sampling = SamplingConfig(temperature=1.0)
+    probs = exact_distribution(model, sampling)
+    counts, multi = {}, 0
+    for seed in range(DRAWS):
+        out = decode(lm, PROMPT, EAGLE, DecodeLimits(max_new_tokens=3), SamplingConfig(1.0, seed=seed))
+        counts[tuple(out.tokens)] = counts.get(tuple(out.tokens), 0) + 1
+        multi += any(a > 1 for a in out.stats.accepted)
+    assert multi > DRAWS // 10, "the drafter's tree was rarely accepted: the verifier was hardly exercised"
+    assert chi_square_pvalue(counts, probs, DRAWS) > 1e-3
+
+
+@pytest.mark.parametrize("family,why", [("gemma3", "per-layer rotary"), ("gpt2", "no list of decoder layers"),
+                                        ("opt", "not rotary")])
+def test_a_base_the_drafter_cannot_be_built_on_is_refused(family, why):
+    with pytest.raises(ValueError, match=why):
+        EagleDrafter(tiny_family_model(family, seed=0))
+
+
+def test_an_eagle_config_without_a_drafter_is_refused_and_eagle_is_named_in_labels():
+    model = tiny_random_model("llama", seed=0)
+    with pytest.raises(ValueError, match=r"drafters=\{'eagle'"):
+        decode(model, [1, 2, 3], EAGLE, DecodeLimits(max_new_tokens=4))
+    assert SOURCES["eagle"].features and SOURCES["eagle"].drafter
+    assert "_eg12" in config_label(EAGLE)
