@@ -26,14 +26,26 @@ Each step (:class:`EagleSource`):
 The tree's nodes enter the drafter's cache only while the tree grows: it is cut back to the
 committed text before the next ``update``. Time in the drafter's forwards is counted apart
 (``EagleSource.seconds``, summed into ``DecodeStats.draft_seconds``).
+
+Format (EAGLE-1/2's published layout, SafeAILab/EAGLE; what :func:`load_drafter` reads and
+:func:`save_drafter` writes), a directory holding
+  * ``config.json``: the base architecture's config with ``num_hidden_layers: 1`` (``hidden_size``
+    and ``vocab_size`` are checked against the base), ``bias`` (fc's), and this project's
+    ``training`` record where it trained the drafter;
+  * ``model.safetensors`` or ``pytorch_model.bin``: flat keys ``fc.weight`` (H x 2H), ``fc.bias``,
+    ``layers.0.<the decoder layer's own names>`` (no ``input_layernorm``), and optionally
+    ``embed_tokens.weight`` / ``lm_head.weight`` (copies of the base's, which the drafter uses
+    itself: a copy that differs from the base's is refused).
 """
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -43,6 +55,8 @@ from .layout import Draft
 from .model_io import truncate_kv
 
 WIDTH = 8                       # nodes expanded per level, and children taken from each (EAGLE-2's top-k)
+CONFIG_FILE = "config.json"
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 
 
 class EagleDrafter(nn.Module):
@@ -243,3 +257,74 @@ def _ancestors(nodes: list[_Node], n: int) -> list[int]:
         out.append(parent)
         parent = nodes[parent].parent
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The published layout
+
+
+def save_drafter(drafter: EagleDrafter, directory: str | Path, training: dict | None = None) -> Path:
+    """Write ``drafter`` in EAGLE's published layout (``config.json`` and ``model.safetensors``)."""
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    config = drafter.config.to_dict()
+    config.update(num_hidden_layers=1, bias=drafter.fc.bias is not None, architectures=["LlamaForCausalLM"])
+    if training is not None:
+        config["training"] = training
+    (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True, default=str))
+    state = {f"fc.{k}": v for k, v in drafter.fc.state_dict().items()}
+    state |= {f"layers.0.{k}": v for k, v in drafter.layer.state_dict().items()}
+    save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(directory / WEIGHT_FILES[0]))
+    return directory
+
+
+def load_drafter(directory: str | Path, model: nn.Module) -> EagleDrafter:
+    """The drafter saved in ``directory`` (EAGLE's published layout), on ``model``; a checkpoint made
+    for another base (hidden size, vocabulary, layer shapes, embeddings) is refused, naming why."""
+    directory = Path(directory)
+    config_path = directory / CONFIG_FILE
+    if not config_path.is_file():
+        raise ValueError(f"{directory} holds no {CONFIG_FILE}: not an EAGLE drafter")
+    config = json.loads(config_path.read_text())
+    base = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    for key in ("hidden_size", "vocab_size"):
+        if key in config and config[key] != getattr(base, key):
+            raise ValueError(f"the EAGLE drafter in {directory} was made for {key}={config[key]}, the base has "
+                             f"{getattr(base, key)}")
+    if config.get("num_hidden_layers", 1) != 1:
+        raise ValueError(f"the EAGLE drafter in {directory} has {config['num_hidden_layers']} layers; one is served")
+    state = _read_weights(directory)
+    drafter = EagleDrafter(model, bias="fc.bias" in state)
+    for key, mine in (("embed_tokens.weight", drafter.embed.weight), ("lm_head.weight", getattr(drafter.lm_head, "weight", None))):
+        if key in state:
+            theirs = state.pop(key)
+            if mine is None or theirs.shape != mine.shape or not torch.allclose(theirs.to(mine), mine, atol=1e-3):
+                raise ValueError(f"the EAGLE drafter in {directory} carries {key} that is not the base's own")
+    ours = {f"fc.{k}": v for k, v in drafter.fc.state_dict().items()}
+    ours |= {f"layers.0.{k}": v for k, v in drafter.layer.state_dict().items()}
+    missing, unexpected = sorted(set(ours) - set(state)), sorted(set(state) - set(ours))
+    if missing or unexpected:
+        raise ValueError(f"the EAGLE drafter in {directory} does not fit {type(model).__name__}'s decoder layer: "
+                         f"missing {missing[:5]}, unexpected {unexpected[:5]}")
+    for key, value in state.items():
+        if value.shape != ours[key].shape:
+            raise ValueError(f"the EAGLE drafter in {directory}: {key} is {tuple(value.shape)}, the base's layer "
+                             f"needs {tuple(ours[key].shape)}")
+    drafter.fc.load_state_dict({k[3:]: v for k, v in state.items() if k.startswith("fc.")})
+    drafter.layer.load_state_dict({k[9:]: v for k, v in state.items() if k.startswith("layers.0.")})
+    drafter.training_record = config.get("training")
+    return drafter.to(device=model.device, dtype=model.dtype)
+
+
+def _read_weights(directory: Path) -> dict[str, torch.Tensor]:
+    for name in WEIGHT_FILES:
+        path = directory / name
+        if path.is_file():
+            if name.endswith(".safetensors"):
+                from safetensors.torch import load_file
+
+                return load_file(str(path))
+            return torch.load(path, map_location="cpu", weights_only=True)
+    raise ValueError(f"{directory} holds none of {', '.join(WEIGHT_FILES)}")

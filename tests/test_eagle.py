@@ -205,3 +205,99 @@ def test_an_eagle_config_without_a_drafter_is_refused_and_eagle_is_named_in_labe
         decode(model, [1, 2, 3], EAGLE, DecodeLimits(max_new_tokens=4))
     assert SOURCES["eagle"].features and SOURCES["eagle"].drafter
     assert "_eg12" in config_label(EAGLE)
+
+
+# ---------------------------------------------------------------------------------------------
+# EAGLE's published layout
+
+
+def write_official(folder, model, drafter: EagleDrafter, *, weights: str = "pytorch_model.bin", embed: bool = True,
+                   **config_changes) -> dict:
+    """A checkpoint in EAGLE-1/2's published layout, written by hand (not by ``save_drafter``): a
+    Llama-style config.json with one layer and ``bias``, flat keys ``fc.*`` and ``layers.0.*``, and
+    the base's embeddings as EAGLE-1 ships them."""
+    import json
+
+    folder.mkdir(parents=True, exist_ok=True)
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "bias": True, "num_hidden_layers": 1,
+              **{k: getattr(model.config, k) for k in ("hidden_size", "intermediate_size", "num_attention_heads",
+                                                       "num_key_value_heads", "vocab_size", "rms_norm_eps")}}
+    config.update(config_changes)
+    (folder / "config.json").write_text(json.dumps(config))
+    state = {"fc.weight": drafter.fc.weight.detach().clone(), "fc.bias": drafter.fc.bias.detach().clone()}
+    state |= {f"layers.0.{k}": v.detach().clone() for k, v in drafter.layer.state_dict().items()}
+    if embed:
+        state["embed_tokens.weight"] = model.get_input_embeddings().weight.detach().clone()
+    if weights.endswith(".bin"):
+        torch.save(state, folder / weights)
+    else:
+        from safetensors.torch import save_file
+
+        save_file(state, str(folder / weights))
+    return state
+
+
+@pytest.mark.parametrize("weights", ["pytorch_model.bin", "model.safetensors"])
+def test_a_checkpoint_in_eagles_layout_loads_and_drafts_as_its_weights_say(tmp_path, weights):
+    from lookahead_core.eagle import load_drafter
+
+    model = tiny_random_model("llama", seed=8)
+    original = drafter_for(model, "random", seed=5)
+    state = write_official(tmp_path / "eagle", model, original, weights=weights)
+    loaded = load_drafter(tmp_path / "eagle", model)
+    assert loaded.layer.input_layernorm.__class__ is torch.nn.Identity
+    for key, value in state.items():
+        if key.startswith("fc."):
+            torch.testing.assert_close(getattr(loaded.fc, key[3:]), value)
+        elif key.startswith("layers.0."):
+            torch.testing.assert_close(loaded.layer.state_dict()[key[9:]], value)
+    prompt = prompt_for(128, 9)
+    runs = [decode(CausalLM(model, drafters={"eagle": d}), prompt, CONFIGS[1], DecodeLimits(max_new_tokens=NEW))
+            for d in (original, loaded)]
+    assert runs[0].tokens == runs[1].tokens == decode(model, prompt, None, DecodeLimits(max_new_tokens=NEW)).tokens
+    assert runs[0].stats.accepted == runs[1].stats.accepted        # the same drafts, step by step
+
+
+def test_a_drafter_saved_here_loads_again_and_decodes_the_same_tokens(tmp_path):
+    from lookahead_core.eagle import load_drafter, save_drafter
+
+    model = tiny_random_model("llama", seed=8)
+    drafter = drafter_for(model, "repeat")
+    save_drafter(drafter, tmp_path / "mine", training={"steps": 3})
+    loaded = load_drafter(tmp_path / "mine", model)
+    assert loaded.training_record == {"steps": 3}
+    prompt = prompt_for(128, 2)
+    runs = [decode(CausalLM(model, drafters={"eagle": d}), prompt, EAGLE, DecodeLimits(max_new_tokens=NEW))
+            for d in (drafter, loaded)]
+    assert runs[0].tokens == runs[1].tokens and runs[0].stats.accepted == runs[1].stats.accepted
+
+
+@pytest.mark.parametrize("change,why", [
+    ({"hidden_size": 32}, "hidden_size=32"),
+    ({"vocab_size": 1000}, "vocab_size=1000"),
+    ({"num_hidden_layers": 2}, "2 layers"),
+], ids=["hidden", "vocab", "layers"])
+def test_a_checkpoint_for_another_base_is_refused(tmp_path, change, why):
+    from lookahead_core.eagle import load_drafter
+
+    model = tiny_random_model("llama", seed=8)
+    write_official(tmp_path / "eagle", model, drafter_for(model, "random"), **change)
+    with pytest.raises(ValueError, match=why):
+        load_drafter(tmp_path / "eagle", model)
+
+
+def test_a_checkpoint_whose_weights_do_not_fit_is_refused(tmp_path):
+    from lookahead_core.eagle import load_drafter
+
+    model = tiny_random_model("llama", seed=8)
+    other = tiny_random_model("llama", seed=9)
+    write_official(tmp_path / "embed", other, drafter_for(other, "random"))      # another model's embeddings
+    with pytest.raises(ValueError, match="embed_tokens.weight that is not the base's own"):
+        load_drafter(tmp_path / "embed", model)
+    state = write_official(tmp_path / "short", model, drafter_for(model, "random"), embed=False)
+    state.pop("layers.0.mlp.down_proj.weight")
+    torch.save(state, tmp_path / "short" / "pytorch_model.bin")
+    with pytest.raises(ValueError, match="missing .*down_proj"):
+        load_drafter(tmp_path / "short", model)
+    with pytest.raises(ValueError, match="no config.json"):
+        load_drafter(tmp_path / "nothing", model)
