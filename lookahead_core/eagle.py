@@ -100,6 +100,20 @@ class EagleDrafter(nn.Module):
                          use_cache=True, position_embeddings=self.rotary(inputs, position_ids))
         return (out[0] if isinstance(out, tuple) else out)[0]
 
+    def forward_train(self, tokens: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        """Whole sequences at once, no cache (training): ``tokens`` (B, T) read with ``features``
+        (B, T, H), position t seeing positions <= t; predicted features (B, T, H)."""
+        inputs = self.fc(torch.cat([self.embed(tokens), features.to(self.fc.weight.dtype)], dim=-1))
+        steps = tokens.shape[1]
+        position_ids = torch.arange(steps, device=tokens.device)[None].expand(tokens.shape[0], -1)
+        causal = torch.ones(steps, steps, dtype=torch.bool, device=tokens.device).tril()
+        additive = torch.zeros(steps, steps, dtype=inputs.dtype, device=inputs.device)
+        additive.masked_fill_(~causal, torch.finfo(inputs.dtype).min)
+        out = self.layer(inputs, attention_mask=additive[None, None].expand(tokens.shape[0], 1, -1, -1),
+                         position_ids=position_ids, use_cache=False,
+                         position_embeddings=self.rotary(inputs, position_ids))
+        return out[0] if isinstance(out, tuple) else out
+
     def log_probs(self, features: torch.Tensor) -> torch.Tensor:
         """(q, V) log-probabilities of the next token from predicted features (q, H)."""
         return torch.log_softmax(self.lm_head(features).float(), dim=-1)

@@ -73,9 +73,10 @@ def test_every_decoding_option_names_itself_and_is_listable() -> None:
 
 def test_core_decoders_take_every_lookahead_config_field() -> None:
     """A field added to LookaheadConfig is a yaml key at once (issue: token trees add fields); ``heads``
-    (where trained drafters come from) and the built-in sources' aliases are the keys beside them."""
+    and ``drafter`` (where trained drafters come from) and the built-in sources' aliases are the keys
+    beside them."""
     keys = {f.name for f in dataclasses.fields(CoreDecoder.Params)}
-    assert keys == ({"lookahead", "heads", *SOURCE_ALIASES}
+    assert keys == ({"lookahead", "heads", "drafter", *SOURCE_ALIASES}
                     | {f.name for f in dataclasses.fields(LookaheadConfig)} - {"seed"})
     settings = to_settings(compose_config("experiment=mtbench", "decoding.keep_pool=false", "decoding.window=4"))
     assert settings.candidates[0].config == LookaheadConfig(window=4, ngram=5, guess=15, keep_pool=False)

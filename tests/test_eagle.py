@@ -301,3 +301,55 @@ def test_a_checkpoint_whose_weights_do_not_fit_is_refused(tmp_path):
         load_drafter(tmp_path / "short", model)
     with pytest.raises(ValueError, match="no config.json"):
         load_drafter(tmp_path / "nothing", model)
+
+
+# ---------------------------------------------------------------------------------------------
+# Training here: python -m experiments.tools.eagle
+
+
+def test_training_saves_a_drafter_with_its_curve_and_acceptance_and_resumes(tmp_path, capsys, monkeypatch):
+    import json
+    import sys
+
+    from experiments.tools import distill
+    from experiments.tools import eagle as tool
+    from lookahead_core.eagle import load_drafter
+
+    out = tmp_path / "eagle"
+    args = ["eagle", "model=tiny_llama", f"out={out}", "tokens=6000", "batch=2", "eval_every=3", "depth=3"]
+    monkeypatch.setattr(sys, "argv", args + ["steps=6"])
+    tool.main()
+    config = json.loads((out / "config.json").read_text())
+    record = config["training"]
+    assert config["num_hidden_layers"] == 1 and record["corpus"] == distill.CORPUS and record["steps"] == 6
+    assert len(record["acceptance"]) == 3 and all(0 <= a <= 1 for a in record["acceptance"])
+    assert record["acceptance"] == sorted(record["acceptance"], reverse=True)        # a chain only shortens
+    curve = (out / "curve.csv").read_text().splitlines()
+    assert len(curve) == 1 + 6 and "heldout_accept_3" in curve[0] and (out / "curve.png").stat().st_size > 0
+    shards = {p.name: p.stat().st_mtime_ns for p in (out / "work").rglob("shard_*.pt")}
+    capsys.readouterr()
+    monkeypatch.setattr(sys, "argv", args + ["steps=9"])
+    tool.main()
+    assert "resuming at step 6 of 9" in capsys.readouterr().out
+    assert len((out / "curve.csv").read_text().splitlines()) == 1 + 9
+    assert {p.name: p.stat().st_mtime_ns for p in (out / "work").rglob("shard_*.pt")} == shards   # cached once
+    model = tiny_random_model("llama")
+    lm = CausalLM(model, drafters={"eagle": load_drafter(out, model)})
+    prompt = prompt_for(128, 9)
+    assert decode(lm, prompt, EAGLE, DecodeLimits(max_new_tokens=20)).tokens == \
+        decode(model, prompt, None, DecodeLimits(max_new_tokens=20)).tokens
+
+
+@pytest.mark.parametrize("override, key", [("tokens=-5", "tokens"), ("ce_weight=0", "ce_weight"),
+                                           ("depth=300", "depth"), ("model=nowhere", "model")])
+def test_a_bad_training_config_is_refused_in_one_line_naming_the_key(override, key):
+    """Before torch loads: one line, exit 2."""
+    import subprocess
+    import sys
+
+    from experiments.data.datasets import repo_root
+
+    done = subprocess.run([sys.executable, "-m", "experiments.tools.eagle", override], cwd=repo_root(),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.startswith("error: ") and key in done.stderr and done.stderr.count("\n") == 1, done.stderr

@@ -629,6 +629,33 @@ def test_medusa_decoders_load_their_heads_and_match_greedy_or_say_how_to_train_t
         run(tmp_path / "bad", *MTBENCH, f"decoders=[{{use:medusa,heads:'{tmp_path / 'nowhere'}'}}]")
 
 
+def test_eagle_decoders_load_their_drafter_and_match_greedy_or_say_how_to_train_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``decoding=eagle`` finds the drafter trained for the job's model in the cache (here written for
+    the tiny model), ``drafter=<folder>`` loads another; rows carry the drafter's seconds apart
+    (``draft_s``); without a drafter, the job names the training command."""
+    from experiments.models.heads import heads_dir
+    from experiments.models.loader import tiny_random_model
+    from lookahead_core.eagle import EagleDrafter, save_drafter
+
+    monkeypatch.setenv("LOOKAHEAD_CACHE", str(tmp_path / "cache"))
+    model = tiny_random_model("llama")
+    save_drafter(EagleDrafter(model), heads_dir("tiny_llama", kind="eagle"))
+    save_drafter(EagleDrafter(model), tmp_path / "other")
+    path = run(tmp_path, *MTBENCH, "dataset.turns=1",
+               f"decoders=[eagle,{{use:eagle,name:eagle_other,drafter:'{tmp_path / 'other'}'}}]")
+    df = read_rows(path)
+    assert_complete(df, items=2, turns=1, decoders=3)
+    candidates = df[~df["baseline"]]
+    assert candidates["matches_greedy"].all() and (candidates["draft_s"] > 0).all()
+    assert (candidates["draft_s"] < candidates["decode_s"]).all()
+    monkeypatch.setenv("LOOKAHEAD_CACHE", str(tmp_path / "empty"))
+    with pytest.raises(ValueError, match=r"no EAGLE drafter for tiny_llama at .*experiments.tools.eagle model=tiny_llama"):
+        run(tmp_path / "again", *MTBENCH, "decoders=[eagle]")
+    with pytest.raises(ValueError, match="drafter: .* holds no EAGLE drafter"):
+        run(tmp_path / "bad", *MTBENCH, f"decoders=[{{use:eagle,drafter:'{tmp_path / 'nowhere'}'}}]")
+
+
 def test_the_first_timed_call_counts_no_probe_forwards(tmp_path: Path) -> None:
     """Even with ``warmup=0`` the capability probe runs when the job starts, untimed: every core
     row's ``steps`` (forwards after the prefill) is the loop's own count of its steps."""

@@ -285,6 +285,7 @@ def test_medusa_is_a_registered_source_named_in_labels():
 
 
 def test_training_saves_heads_with_their_curve_and_accuracy_and_resumes(tmp_path, capsys, monkeypatch):
+    from experiments.tools import distill
     from experiments.tools import medusa as preset
 
     out = tmp_path / "heads"
@@ -295,8 +296,8 @@ def test_training_saves_heads_with_their_curve_and_accuracy_and_resumes(tmp_path
     assert config["medusa_num_heads"] == 3 and config["shared_lm_head"]
     assert len(config["accuracy"]) == 3 and all(len(row) == 10 and sum(row) <= 1 + 1e-6 for row in config["accuracy"])
     record = config["training"]
-    assert record["corpus"] == preset.CORPUS and record["steps"] == 6 and record["files"]["code"] > 0
-    assert record["files"]["prose"] > 0 and record["tokens"] == (6000 // 2 // preset.CHUNK) * preset.CHUNK * 2
+    assert record["corpus"] == distill.CORPUS and record["steps"] == 6 and record["files"]["code"] > 0
+    assert record["files"]["prose"] > 0 and record["tokens"] == (6000 // 2 // distill.CHUNK) * distill.CHUNK * 2
     curve = (out / "curve.csv").read_text().splitlines()
     assert len(curve) == 1 + 6 and "heldout_top1_3" in curve[0] and (out / "curve.png").stat().st_size > 0
     shards = {p.name: p.stat().st_mtime_ns for p in (out / "work").rglob("shard_*.pt")}
@@ -327,7 +328,7 @@ def test_a_bad_training_config_is_refused_in_one_line_naming_the_key(override, k
 
 
 def test_the_corpus_is_the_standard_library_code_then_its_docstrings():
-    from experiments.tools.medusa import docstrings, stdlib_files
+    from experiments.tools.distill import docstrings, stdlib_files
 
     files = stdlib_files(0)
     assert files == stdlib_files(0) and files != stdlib_files(1)

@@ -53,6 +53,11 @@ class Generation:
     stats: Any = None                  # lookahead_core.DecodeStats for core decoders, else None
 
 
+# Parameters added after committed results were named: at their default they leave a decoder's
+# fingerprint (and so the results file's name) as it was, and those results resume under it.
+LATER_DEFAULTS: dict[str, Any] = {"drafter": ""}
+
+
 class Decoder:
     """One way to generate. ``name`` labels its rows; ``params`` is its validated ``Params``."""
 
@@ -91,8 +96,12 @@ class Decoder:
         return {"params": json.dumps(_plain(self.params), sort_keys=True)}
 
     def fingerprint(self) -> Any:
-        """What the decoder decodes by: its name, kind and every parameter."""
-        return [self.name, self.kind, _plain(self.params)]
+        """What the decoder decodes by: its name, kind and every parameter (but a parameter added
+        after results were named, while it has its default: :data:`LATER_DEFAULTS`)."""
+        params = _plain(self.params)
+        if isinstance(params, dict):
+            params = {k: v for k, v in params.items() if not (k in LATER_DEFAULTS and v == LATER_DEFAULTS[k])}
+        return [self.name, self.kind, params]
 
     def learn(self, generation: Generation) -> None:
         """Called with each evaluated turn's generation (the first repeat's; never the warm-up's),
@@ -143,8 +152,9 @@ def _core_params() -> type:
             default = field(default_factory=f.default_factory)
         fields.append((f.name, hint, default))
     fields += [(alias, int, field(default=0)) for alias in SOURCE_ALIASES]
-    # Not a LookaheadConfig field: where the trained drafters of ``sources`` come from.
-    fields.append(("heads", str, field(default="")))
+    # Not LookaheadConfig fields: where the trained drafters of ``sources`` come from.
+    fields.append(("heads", str, field(default="")))        # Medusa heads (FasterDecoding's format)
+    fields.append(("drafter", str, field(default="")))      # an EAGLE drafter (EAGLE's published layout)
     return dataclasses.make_dataclass("CoreParams", fields)
 
 
@@ -197,28 +207,42 @@ class CoreDecoder(Decoder):
         params = with_sources(params)
         super().__init__(name, params, seed)
         self.config = lookahead_config(params, seed)    # validates (ValueError names the field)
-        if params.heads and not (Path(params.heads).expanduser() / "config.json").is_file():
-            raise ValueError(f"heads: {params.heads!r} holds no Medusa heads (no config.json there)")
+        for key, what in (("heads", "Medusa heads"), ("drafter", "EAGLE drafter")):
+            folder = getattr(params, key)
+            if folder and not (Path(folder).expanduser() / "config.json").is_file():
+                raise ValueError(f"{key}: {folder!r} holds no {what} (no config.json there)")
 
     @property
     def lookahead(self) -> LookaheadConfig | None:
         return self.config
 
     def prepare(self, job) -> None:
-        """Loads the Medusa heads a config's ``sources`` name (``heads``, or the ones trained for the
-        job's model: ``python -m experiments.tools.medusa model=<model>``) onto the job's model."""
-        if self.config is None or "medusa" not in dict(self.config.sources) or "medusa" in job.lm.drafters:
+        """Loads the trained drafters a config's ``sources`` name onto the job's model: Medusa heads
+        (``heads``, or the ones trained for the job's model: ``python -m experiments.tools.medusa
+        model=<model>``), an EAGLE drafter (``drafter``, or ``python -m experiments.tools.eagle``'s)."""
+        if self.config is None:
             return
         from experiments.models.heads import heads_dir, train_command
-        from lookahead_core.medusa import load_heads
 
         model = job.settings.model.name
-        folder = Path(self.params.heads).expanduser() if self.params.heads else heads_dir(model)
-        if not (folder / "config.json").is_file():
-            raise ValueError(f"{self.name}: no Medusa heads for {model} at {folder}; train them with "
-                             f"`{train_command(model)}` or set heads=<folder> (FasterDecoding's format)")
-        job.lm.drafters["medusa"] = load_heads(folder, job.model)
-        print(f"{self.name}: Medusa heads from {folder}")
+        for kind, key, what, layout in (("medusa", "heads", "Medusa heads", "FasterDecoding's format"),
+                                        ("eagle", "drafter", "EAGLE drafter", "EAGLE's published layout")):
+            if kind not in dict(self.config.sources) or kind in job.lm.drafters:
+                continue
+            given = getattr(self.params, key)
+            folder = Path(given).expanduser() if given else heads_dir(model, kind=kind)
+            if not (folder / "config.json").is_file():
+                raise ValueError(f"{self.name}: no {what} for {model} at {folder}; train them with "
+                                 f"`{train_command(model, kind)}` or set {key}=<folder> ({layout})")
+            if kind == "medusa":
+                from lookahead_core.medusa import load_heads
+
+                job.lm.drafters[kind] = load_heads(folder, job.model)
+            else:
+                from lookahead_core.eagle import load_drafter
+
+                job.lm.drafters[kind] = load_drafter(folder, job.model)
+            print(f"{self.name}: {what} from {folder}")
 
     def tag(self) -> str:
         """The config's one name (``lookahead_core.config.config_label``), e.g. ``la_N5W7G7_pool_tree_sfx4_rc4_d6_k56``."""
@@ -494,8 +518,9 @@ class HFCustomGenerate(HFGenerate):
         params = with_sources(params)
         super().__init__(name, params, seed)
         self.config = lookahead_config(params, seed)    # validates (ValueError names the field)
-        if params.heads:
-            raise ValueError("heads: Medusa heads are not loaded through custom_generate; use a core decoder")
+        for key in ("heads", "drafter"):
+            if getattr(params, key):
+                raise ValueError(f"{key}: trained drafters are not loaded through custom_generate; use a core decoder")
         self._stats: list = []
 
     def columns(self) -> dict[str, Any]:

@@ -554,6 +554,8 @@ def make_row(job: Job, item: Item, turn: int, decoder: Decoder, timed: Timed, te
         "overhead_frac": 1.0 - timed.model_s / decode_s if decode_s > 0 else None,
         # in the collectives of lookahead parallelism (part of decode_s, not of model_s)
         "comm_s": stats.comm_seconds if stats is not None and job.settings.shares(decoder) else None,
+        # in a trained drafter's own forwards (EAGLE: part of decode_s, not of model_s)
+        "draft_s": stats.draft_seconds if stats is not None else None,
     }
     if stats is not None:   # the core's own record of each step
         row.update(

@@ -17,7 +17,7 @@ COLUMN_GROUPS: dict[str, tuple[str, ...]] = {
         "prompt_tokens", "prefill_tokens", "new_tokens", "batch_new_tokens", "forwards", "steps", "S", "accepted_hist",
         "step_tokens_mean", "step_tokens_hist", "step_log", "draft_acceptance", "draft_reliability",
         "warmup_s", "prefill_s", "decode_s", "wall_s", "tokens_per_s",
-        "model_s", "overhead_frac", "comm_s",
+        "model_s", "overhead_frac", "comm_s", "draft_s",
     ),
     "what came out": ("matches_greedy", "first_diff", "diff_margin", "diff_verdict", "rouge1", "rouge2", "rougeL",
                       "passed", "sandbox", "text"),
