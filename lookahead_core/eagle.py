@@ -35,7 +35,9 @@ Format (EAGLE-1/2's published layout, SafeAILab/EAGLE; what :func:`load_drafter`
   * ``model.safetensors`` or ``pytorch_model.bin``: flat keys ``fc.weight`` (H x 2H), ``fc.bias``,
     ``layers.0.<the decoder layer's own names>`` (no ``input_layernorm``), and optionally
     ``embed_tokens.weight`` / ``lm_head.weight`` (copies of the base's, which the drafter uses
-    itself: a copy that differs from the base's is refused).
+    itself: a copy that differs from the base's is refused). A drafter with a reduced draft
+    vocabulary adds ``d2t`` (EAGLE-3's convention: the token of draft index i is i + d2t[i]) and
+    ``draft_vocab_size`` in the config.
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ class EagleDrafter(nn.Module):
     """``fc`` (2H -> H) and one decoder layer of the base's architecture, on the base's embeddings
     and LM head (held by reference, not parameters of the drafter)."""
 
-    def __init__(self, model: nn.Module, *, bias: bool = True) -> None:
+    def __init__(self, model: nn.Module, *, bias: bool = True, vocab: Sequence[int] | torch.Tensor | None = None) -> None:
         super().__init__()
         decoder = model.get_decoder()
         problem = _unserved(decoder)
@@ -78,6 +80,16 @@ class EagleDrafter(nn.Module):
         self.layer.input_layernorm = nn.Identity()
         self.rotary = type(decoder.rotary_emb)(config=config)
         self.base = [model]           # a list: the base is not a submodule (its weights are not the drafter's)
+        # The draft vocabulary: the token ids its head scores (None: all of the base's). A reduced one
+        # (the most frequent tokens of the training text) cuts the LM head's rows, the main cost of a
+        # draft step on a small base with a large vocabulary.
+        if vocab is not None:
+            vocab = torch.as_tensor(vocab, dtype=torch.long)
+            if vocab.ndim != 1 or not len(vocab) or len(set(vocab.tolist())) != len(vocab) \
+                    or int(vocab.min()) < 0 or int(vocab.max()) >= config.vocab_size:
+                raise ValueError(f"a draft vocabulary is distinct token ids below {config.vocab_size}")
+        self.register_buffer("vocab", vocab, persistent=False)
+        self._rows: tuple[int, torch.Tensor] | None = None
         self.to(device=model.device, dtype=model.dtype)
 
     @property
@@ -115,8 +127,22 @@ class EagleDrafter(nn.Module):
         return out[0] if isinstance(out, tuple) else out
 
     def log_probs(self, features: torch.Tensor) -> torch.Tensor:
-        """(q, V) log-probabilities of the next token from predicted features (q, H)."""
-        return torch.log_softmax(self.lm_head(features).float(), dim=-1)
+        """(q, V') log-probabilities of the next token from predicted features (q, H), over the draft
+        vocabulary (V' = its size; :meth:`token_ids` maps an index to its token)."""
+        if self.vocab is None:
+            return torch.log_softmax(self.lm_head(features).float(), dim=-1)
+        weight = self.lm_head.weight
+        if self._rows is None or self._rows[0] != weight.data_ptr():     # the head's rows, sliced once
+            self._rows = (weight.data_ptr(), weight[self.vocab])
+        logits = features.to(weight.dtype) @ self._rows[1].T
+        bias = getattr(self.lm_head, "bias", None)
+        if bias is not None:
+            logits = logits + bias[self.vocab]
+        return torch.log_softmax(logits.float(), dim=-1)
+
+    def token_ids(self, indices: torch.Tensor) -> torch.Tensor:
+        """The token ids of draft-vocabulary ``indices``."""
+        return indices if self.vocab is None else self.vocab[indices]
 
 
 def _unserved(decoder: nn.Module) -> str | None:
@@ -215,7 +241,7 @@ class EagleSource:
         log_probs = drafter.log_probs(self.root[None])[0]
         width = min(self.width, log_probs.shape[-1])
         top = torch.topk(log_probs, width)
-        for value, token in zip(top.values.tolist(), top.indices.tolist()):
+        for value, token in zip(top.values.tolist(), drafter.token_ids(top.indices).tolist()):
             nodes.append(_Node(token, value, -1, 1, math.exp(value)))
         frontier = list(range(len(nodes)))
         inputs = {i: self.root for i in frontier}          # a node's input feature: its parent's output
@@ -239,9 +265,10 @@ class EagleSource:
             for row, node in enumerate(frontier):
                 slots[node] = past + row
             top = torch.topk(drafter.log_probs(out), width)
+            tokens_of = drafter.token_ids(top.indices).tolist()
             children = []
             for row, node in enumerate(frontier):
-                for value, token in zip(top.values[row].tolist(), top.indices[row].tolist()):
+                for value, token in zip(top.values[row].tolist(), tokens_of[row]):
                     nodes.append(_Node(token, nodes[node].score + value, node, depth, math.exp(value)))
                     inputs[len(nodes) - 1] = out[row]
                     children.append(len(nodes) - 1)
@@ -287,10 +314,13 @@ def save_drafter(drafter: EagleDrafter, directory: str | Path, training: dict | 
     config.update(num_hidden_layers=1, bias=drafter.fc.bias is not None, architectures=["LlamaForCausalLM"])
     if training is not None:
         config["training"] = training
-    (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True, default=str))
     state = {f"fc.{k}": v for k, v in drafter.fc.state_dict().items()}
     state |= {f"layers.0.{k}": v for k, v in drafter.layer.state_dict().items()}
+    if drafter.vocab is not None:             # EAGLE-3's convention: token = draft index + d2t[draft index]
+        config["draft_vocab_size"] = len(drafter.vocab)
+        state["d2t"] = drafter.vocab.cpu() - torch.arange(len(drafter.vocab))
     save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(directory / WEIGHT_FILES[0]))
+    (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True, default=str))
     return directory
 
 
@@ -310,7 +340,12 @@ def load_drafter(directory: str | Path, model: nn.Module) -> EagleDrafter:
     if config.get("num_hidden_layers", 1) != 1:
         raise ValueError(f"the EAGLE drafter in {directory} has {config['num_hidden_layers']} layers; one is served")
     state = _read_weights(directory)
-    drafter = EagleDrafter(model, bias="fc.bias" in state)
+    d2t = state.pop("d2t", None)
+    vocab = None if d2t is None else torch.arange(len(d2t)) + d2t.long()
+    if vocab is not None and config.get("draft_vocab_size", len(vocab)) != len(vocab):
+        raise ValueError(f"the EAGLE drafter in {directory}: draft_vocab_size {config['draft_vocab_size']} but d2t "
+                         f"has {len(vocab)} entries")
+    drafter = EagleDrafter(model, bias="fc.bias" in state, vocab=vocab)
     for key, mine in (("embed_tokens.weight", drafter.embed.weight), ("lm_head.weight", getattr(drafter.lm_head, "weight", None))):
         if key in state:
             theirs = state.pop(key)

@@ -316,13 +316,15 @@ def test_training_saves_a_drafter_with_its_curve_and_acceptance_and_resumes(tmp_
     from lookahead_core.eagle import load_drafter
 
     out = tmp_path / "eagle"
-    args = ["eagle", "model=tiny_llama", f"out={out}", "tokens=6000", "batch=2", "eval_every=3", "depth=3"]
+    args = ["eagle", "model=tiny_llama", f"out={out}", "tokens=6000", "batch=2", "eval_every=3", "depth=3",
+            "draft_vocab=40"]
     monkeypatch.setattr(sys, "argv", args + ["steps=6"])
     tool.main()
     config = json.loads((out / "config.json").read_text())
     record = config["training"]
     assert config["num_hidden_layers"] == 1 and record["corpus"] == distill.CORPUS and record["steps"] == 6
     assert len(record["acceptance"]) == 3 and all(0 <= a <= 1 for a in record["acceptance"])
+    assert config["draft_vocab_size"] == record["draft_vocab"] == 40 and 0 < record["draft_vocab_coverage"] < 1
     assert record["acceptance"] == sorted(record["acceptance"], reverse=True)        # a chain only shortens
     curve = (out / "curve.csv").read_text().splitlines()
     assert len(curve) == 1 + 6 and "heldout_accept_3" in curve[0] and (out / "curve.png").stat().st_size > 0
@@ -334,14 +336,17 @@ def test_training_saves_a_drafter_with_its_curve_and_acceptance_and_resumes(tmp_
     assert len((out / "curve.csv").read_text().splitlines()) == 1 + 9
     assert {p.name: p.stat().st_mtime_ns for p in (out / "work").rglob("shard_*.pt")} == shards   # cached once
     model = tiny_random_model("llama")
-    lm = CausalLM(model, drafters={"eagle": load_drafter(out, model)})
+    loaded = load_drafter(out, model)
+    assert len(loaded.vocab) == 40
+    lm = CausalLM(model, drafters={"eagle": loaded})
     prompt = prompt_for(128, 9)
     assert decode(lm, prompt, EAGLE, DecodeLimits(max_new_tokens=20)).tokens == \
         decode(model, prompt, None, DecodeLimits(max_new_tokens=20)).tokens
 
 
 @pytest.mark.parametrize("override, key", [("tokens=-5", "tokens"), ("ce_weight=0", "ce_weight"),
-                                           ("depth=300", "depth"), ("model=nowhere", "model")])
+                                           ("depth=300", "depth"), ("draft_vocab=-1", "draft_vocab"),
+                                           ("model=nowhere", "model")])
 def test_a_bad_training_config_is_refused_in_one_line_naming_the_key(override, key):
     """Before torch loads: one line, exit 2."""
     import subprocess
@@ -353,3 +358,34 @@ def test_a_bad_training_config_is_refused_in_one_line_naming_the_key(override, k
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.startswith("error: ") and key in done.stderr and done.stderr.count("\n") == 1, done.stderr
+
+
+def test_a_reduced_draft_vocabulary_drafts_only_its_tokens_losslessly_and_round_trips(tmp_path):
+    """The head scores only the draft vocabulary's rows (the base's own, sliced), the tree holds only
+    its tokens, decoding stays greedy's, and the vocabulary travels as EAGLE-3's ``d2t``."""
+    from lookahead_core.eagle import load_drafter, save_drafter
+
+    model = tiny_random_model("llama", seed=8)
+    vocab = list(range(0, 128, 3))
+    drafter = EagleDrafter(model, vocab=vocab)
+    full = EagleDrafter(model)
+    full.load_state_dict(drafter.state_dict())
+    features = torch.randn(2, model.config.hidden_size)
+    torch.testing.assert_close(drafter.log_probs(features).exp().sum(-1), torch.ones(2))
+    ranked = drafter.token_ids(drafter.log_probs(features).argsort(-1, descending=True))
+    in_full = full.log_probs(features)[:, vocab].argsort(-1, descending=True)
+    assert ranked.tolist() == torch.tensor(vocab)[in_full].tolist()          # the same order as the full head's
+    source = EagleSource(drafter, size=12, depth=4)
+    text = prompt_for(128, 5, 20)
+    with torch.inference_mode():
+        hidden = model(torch.tensor([text]), output_hidden_states=True).hidden_states[-1][0]
+    source.update(StepOutcome(text, len(text), text[-1], features=hidden[:-1]))
+    assert {t for d in source.propose(text) for t in d.tokens} <= set(vocab)
+    lm = CausalLM(model, drafters={"eagle": drafter})
+    prompt = prompt_for(128, 6)
+    assert decode(lm, prompt, CONFIGS[1], DecodeLimits(max_new_tokens=NEW)).tokens == \
+        decode(model, prompt, None, DecodeLimits(max_new_tokens=NEW)).tokens
+    save_drafter(drafter, tmp_path / "small")
+    assert load_drafter(tmp_path / "small", model).vocab.tolist() == vocab
+    with pytest.raises(ValueError, match="distinct token ids"):
+        EagleDrafter(model, vocab=[1, 1, 2])

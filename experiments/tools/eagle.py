@@ -16,7 +16,9 @@ and one decoder layer of the base's architecture on the base's embeddings and LM
 chunk's tokens with the base's features one position behind and predicts the next feature. Loss:
 SmoothL1 between predicted and true features, plus ``ce_weight`` (0.1, as EAGLE) times the
 cross-entropy of the base's LM head on the predicted features against the base's own argmax (what
-greedy decoding will verify), on ``ce_positions`` positions of each batch. 5% of the chunks are held
+greedy decoding will verify), on ``ce_positions`` positions of each batch; with ``draft_vocab`` the
+head scores only the training text's most frequent tokens (a target outside them scores nothing;
+``draft_vocab_coverage``: the share of held-out targets inside). 5% of the chunks are held
 out: their *chain acceptance per depth* (``acceptance``, in ``config.json`` and the curve) is the
 share of positions where the drafter's top token equals the base's argmax at depths 1..``depth``
 in a row, each depth reading the features the depth before predicted (EAGLE's drafting, on the
@@ -61,6 +63,8 @@ class EagleTrainConfig:
     ce_weight: float = 0.1
     lr: float = 3e-4
     depth: int = 4                         # held-out chain acceptance measured to this depth
+    draft_vocab: int = 0                   # the head's vocabulary: this many of the training text's most
+                                           # frequent tokens (0: all of the base's)
     eval_every: int = 50                   # held-out evaluation and checkpoint every this many steps
     seed: int = 0
     threads: Optional[int] = None          # torch.set_num_threads; None keeps torch's default
@@ -78,6 +82,8 @@ def check(cfg: DictConfig) -> EagleTrainConfig:
     for key in ("lr", "ce_weight"):
         if not getattr(s, key) > 0:
             raise ConfigError(f"{key}: must be positive, got {getattr(s, key)}")
+    if s.draft_vocab < 0:
+        raise ConfigError(f"draft_vocab: must be 0 (the whole vocabulary) or more, got {s.draft_vocab}")
     if s.depth >= CHUNK - 1:
         raise ConfigError(f"depth: must be below the chunk length {CHUNK - 1}, got {s.depth}")
     if s.threads is not None and s.threads < 1:
@@ -105,7 +111,11 @@ def losses(drafter, tokens, hidden, argmax, chunks, s: EagleTrainConfig, generat
     flat = predicted.reshape(-1, predicted.shape[-1])
     pick = torch.randint(len(flat), (min(s.ce_positions, len(flat)),), generator=generator).to(device)
     targets = argmax[chunks][:, 1:].reshape(-1).to(device)[pick]
-    token_loss = torch.nn.functional.cross_entropy(drafter.lm_head(flat[pick]).float(), targets)
+    if drafter.vocab is not None:           # a target outside the draft vocabulary scores nothing
+        index = torch.full((drafter.lm_head.weight.shape[0],), -100, dtype=torch.long, device=device)
+        index[drafter.vocab] = torch.arange(len(drafter.vocab), device=device)
+        targets = index[targets]
+    token_loss = torch.nn.functional.nll_loss(drafter.log_probs(flat[pick]), targets, ignore_index=-100)
     return feature_loss, token_loss
 
 
@@ -124,7 +134,7 @@ def chain_acceptance(drafter, tokens, hidden, argmax, chunks, depth: int) -> lis
             inputs, running = features[:, :-1], torch.ones(len(c), steps, dtype=torch.bool, device=device)
             for d in range(depth):
                 predicted = drafter.forward_train(ids[:, 1 + d:], inputs)          # feature at position t + 1 + d
-                top = drafter.lm_head(predicted[:, :steps]).argmax(-1)
+                top = drafter.token_ids(drafter.log_probs(predicted[:, :steps]).argmax(-1))
                 running &= top == argmax[c][:, 1 + d:1 + d + steps].to(device)
                 ok_total[d] += running.sum().item()
                 inputs = predicted[:, :-1]
@@ -163,12 +173,20 @@ def train(s: EagleTrainConfig) -> Path:
     order = torch.randperm(len(chunks), generator=g)
     train_chunks, eval_chunks = order[n_eval:], order[:n_eval]
 
+    vocab, coverage = None, 1.0
+    if s.draft_vocab:                       # the training text's most frequent tokens
+        counts = torch.bincount(tokens[train_chunks].flatten(), minlength=model.config.vocab_size)
+        vocab = counts.argsort(descending=True)[:s.draft_vocab].sort().values
+        inside = torch.zeros(model.config.vocab_size, dtype=torch.bool)
+        inside[vocab] = True
+        coverage = float(inside[argmax[eval_chunks]].float().mean())     # held-out targets it can name
     torch.manual_seed(s.seed)
-    drafter = EagleDrafter(model).float()
+    drafter = EagleDrafter(model, vocab=vocab).float()
     drafter.train()
     optimizer = torch.optim.AdamW(drafter.parameters(), lr=s.lr, weight_decay=0.0)
     state_path = work / "train_state.pt"
-    state_key = {**key, "lr": s.lr, "batch": s.batch, "ce_weight": s.ce_weight, "ce_positions": s.ce_positions}
+    state_key = {**key, "lr": s.lr, "batch": s.batch, "ce_weight": s.ce_weight, "ce_positions": s.ce_positions,
+                 "draft_vocab": s.draft_vocab}
     step, seconds, curve, acceptance = 0, 0.0, [], None
     if state_path.is_file():
         saved = torch.load(state_path, weights_only=False, map_location=drafter.fc.weight.device)
@@ -212,7 +230,8 @@ def train(s: EagleTrainConfig) -> Path:
         acceptance = chain_acceptance(drafter, tokens, hidden, argmax, eval_chunks, s.depth)
     training = {**record, "targets": "the base's next feature and argmax (self-distillation)",
                 "held_out_chunks": n_eval, "steps": s.steps, "batch": s.batch, "lr": s.lr, "ce_weight": s.ce_weight,
-                "ce_positions": s.ce_positions, "train_seconds": round(seconds, 1),
+                "ce_positions": s.ce_positions, "draft_vocab": s.draft_vocab or model.config.vocab_size,
+                "draft_vocab_coverage": round(coverage, 4), "train_seconds": round(seconds, 1),
                 "hidden_cache_seconds": round(cache_seconds, 1), "threads": torch.get_num_threads(),
                 "acceptance": [round(a, 4) for a in acceptance], "date": time.strftime("%Y-%m-%d %H:%M:%S")}
     save_drafter(drafter.to(model.dtype), out, training=training)
