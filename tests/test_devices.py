@@ -100,11 +100,12 @@ class HostTensor(torch.Tensor):
 
 
 def test_medusa_training_moves_every_batch_to_the_heads_device(tmp_path, monkeypatch):
+    from experiments.tools import distill
     from experiments.tools import medusa as preset
     from lookahead_core import medusa
 
-    load_hidden = preset.load_hidden
-    monkeypatch.setattr(preset, "load_hidden",
+    load_hidden = distill.load_hidden
+    monkeypatch.setattr(distill, "load_hidden",
                         lambda folder: tuple(t.as_subclass(HostTensor) for t in load_hidden(folder)))
     forward, fed = medusa.MedusaHeads.forward, []
 

@@ -5,7 +5,6 @@ exactly the committed text; its time is counted apart; a base it cannot be built
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 
 import pytest
 import torch
@@ -16,6 +15,7 @@ from lookahead_core.drafts import StepOutcome
 from lookahead_core.eagle import EagleDrafter, EagleSource
 from lookahead_core.sources import SOURCES, register_source, unregister_source
 from experiments.models.loader import tiny_random_model
+from test_medusa import OutcomeSpy, prompt_for, refused_in_one_line, resumes_from_step_6_to_9
 from tiny_families import tiny_family_model
 
 FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "gemma2", "phi3", "olmo2", "granite", "cohere", "stablelm",
@@ -47,11 +47,6 @@ def drafter_for(model, kind: str, seed: int = 0) -> EagleDrafter:
                                   "c_proj.weight", "o_proj.bias", "down_proj.bias", "dense.bias", "c_proj.bias")):
                     p.zero_()
     return drafter
-
-
-def prompt_for(vocab: int, seed: int = 0, length: int = 24) -> list[int]:
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randint(0, vocab, (length,), generator=gen).tolist()
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -98,29 +93,12 @@ def test_a_second_turn_with_eagle_equals_a_fresh_decode():
     assert second.tokens == decode(model, turn2, None, limits).tokens
 
 
-class FeatureSpy:
-    """A source registered with features=True that records what each update hands it."""
-
-    topk = 0
-    seen: list[tuple[list[int], torch.Tensor]] = []
-
-    @classmethod
-    def from_config(cls, config, size, context):
-        return cls()
-
-    def propose(self, context: Sequence[int]):
-        return []
-
-    def update(self, outcome) -> None:
-        FeatureSpy.seen.append((list(outcome.context), outcome.features.clone()))
-
-
 def test_each_update_hands_the_features_of_the_rows_that_chose_the_committed_tokens():
     """``StepOutcome.features``: after the prefill every prompt row's last hidden state, after a step
     the input row's and the accepted path's, in order: as one forward over the whole text gives them."""
-    register_source("fspy", label="fspy", features=True)(FeatureSpy)
+    register_source("fspy", label="fspy", features=True)(OutcomeSpy)
     try:
-        FeatureSpy.seen = []
+        OutcomeSpy.seen = []
         model = tiny_random_model("llama", seed=5)
         prompt = [3, 4, 5, 6, 3, 4, 5, 6, 3, 4, 5, 6, 7, 8, 3, 4]
         config = LookaheadConfig(window=1, ngram=3, guess=3, pool_only=True, tree=True, sources={"suffix": 3, "fspy": 1})
@@ -128,9 +106,9 @@ def test_each_update_hands_the_features_of_the_rows_that_chose_the_committed_tok
         assert max(out.stats.accepted) > 1, "no multi-token step: the rows of a path were not exercised"
         with torch.inference_mode():
             full = model(torch.tensor([prompt + out.tokens]), output_hidden_states=True).hidden_states[-1][0]
-        assert len(FeatureSpy.seen[0][1]) == len(prompt)
+        assert len(OutcomeSpy.seen[0][2]) == len(prompt)
         covered = []
-        for context, features in FeatureSpy.seen:
+        for context, _, features in OutcomeSpy.seen:
             first = len(context) - 1 - len(features)
             covered += range(first, len(context) - 1)
             torch.testing.assert_close(features, full[first:len(context) - 1], atol=1e-5, rtol=1e-5)
@@ -177,17 +155,13 @@ def test_the_tree_is_the_best_nodes_of_the_drafters_own_expansion():
 
 def test_eagle_sampling_keeps_the_distribution():
     """Recursive rejection over the drafter's tree: the first 3 tokens' distribution is the model's."""
-    from test_sampling import DRAWS, PROMPT, VOCAB, chi_square_pvalue, exact_distribution
+    from test_sampling import DRAWS, VOCAB, chi_square_pvalue, draw, exact_distribution
 
     model = tiny_random_model("llama", seed=0, vocab_size=VOCAB, initializer_range=0.05)
     lm = CausalLM(model, drafters={"eagle": drafter_for(model, "repeat")})
     sampling = SamplingConfig(temperature=1.0)
     probs = exact_distribution(model, sampling)
-    counts, multi = {}, 0
-    for seed in range(DRAWS):
-        out = decode(lm, PROMPT, EAGLE, DecodeLimits(max_new_tokens=3), SamplingConfig(1.0, seed=seed))
-        counts[tuple(out.tokens)] = counts.get(tuple(out.tokens), 0) + 1
-        multi += any(a > 1 for a in out.stats.accepted)
+    counts, multi = draw(lm, EAGLE, sampling)
     assert multi > DRAWS // 10, "the drafter's tree was rarely accepted: the verifier was hardly exercised"
     assert chi_square_pvalue(counts, probs, DRAWS) > 1e-3
 
@@ -328,13 +302,7 @@ def test_training_saves_a_drafter_with_its_curve_and_acceptance_and_resumes(tmp_
     assert record["acceptance"] == sorted(record["acceptance"], reverse=True)        # a chain only shortens
     curve = (out / "curve.csv").read_text().splitlines()
     assert len(curve) == 1 + 6 and "heldout_accept_3" in curve[0] and (out / "curve.png").stat().st_size > 0
-    shards = {p.name: p.stat().st_mtime_ns for p in (out / "work").rglob("shard_*.pt")}
-    capsys.readouterr()
-    monkeypatch.setattr(sys, "argv", args + ["steps=9"])
-    tool.main()
-    assert "resuming at step 6 of 9" in capsys.readouterr().out
-    assert len((out / "curve.csv").read_text().splitlines()) == 1 + 9
-    assert {p.name: p.stat().st_mtime_ns for p in (out / "work").rglob("shard_*.pt")} == shards   # cached once
+    resumes_from_step_6_to_9(tool.main, args, out, capsys, monkeypatch)
     model = tiny_random_model("llama")
     loaded = load_drafter(out, model)
     assert len(loaded.vocab) == 40
@@ -348,44 +316,4 @@ def test_training_saves_a_drafter_with_its_curve_and_acceptance_and_resumes(tmp_
                                            ("depth=300", "depth"), ("draft_vocab=-1", "draft_vocab"),
                                            ("model=nowhere", "model")])
 def test_a_bad_training_config_is_refused_in_one_line_naming_the_key(override, key):
-    """Before torch loads: one line, exit 2."""
-    import subprocess
-    import sys
-
-    from experiments.data.datasets import repo_root
-
-    done = subprocess.run([sys.executable, "-m", "experiments.tools.eagle", override], cwd=repo_root(),
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and done.stdout == ""
-    assert done.stderr.startswith("error: ") and key in done.stderr and done.stderr.count("\n") == 1, done.stderr
-
-
-def test_a_reduced_draft_vocabulary_drafts_only_its_tokens_losslessly_and_round_trips(tmp_path):
-    """The head scores only the draft vocabulary's rows (the base's own, sliced), the tree holds only
-    its tokens, decoding stays greedy's, and the vocabulary travels as EAGLE-3's ``d2t``."""
-    from lookahead_core.eagle import load_drafter, save_drafter
-
-    model = tiny_random_model("llama", seed=8)
-    vocab = list(range(0, 128, 3))
-    drafter = EagleDrafter(model, vocab=vocab)
-    full = EagleDrafter(model)
-    full.load_state_dict(drafter.state_dict())
-    features = torch.randn(2, model.config.hidden_size)
-    torch.testing.assert_close(drafter.log_probs(features).exp().sum(-1), torch.ones(2))
-    ranked = drafter.token_ids(drafter.log_probs(features).argsort(-1, descending=True))
-    in_full = full.log_probs(features)[:, vocab].argsort(-1, descending=True)
-    assert ranked.tolist() == torch.tensor(vocab)[in_full].tolist()          # the same order as the full head's
-    source = EagleSource(drafter, size=12, depth=4)
-    text = prompt_for(128, 5, 20)
-    with torch.inference_mode():
-        hidden = model(torch.tensor([text]), output_hidden_states=True).hidden_states[-1][0]
-    source.update(StepOutcome(text, len(text), text[-1], features=hidden[:-1]))
-    assert {t for d in source.propose(text) for t in d.tokens} <= set(vocab)
-    lm = CausalLM(model, drafters={"eagle": drafter})
-    prompt = prompt_for(128, 6)
-    assert decode(lm, prompt, CONFIGS[1], DecodeLimits(max_new_tokens=NEW)).tokens == \
-        decode(model, prompt, None, DecodeLimits(max_new_tokens=NEW)).tokens
-    save_drafter(drafter, tmp_path / "small")
-    assert load_drafter(tmp_path / "small", model).vocab.tolist() == vocab
-    with pytest.raises(ValueError, match="distinct token ids"):
-        EagleDrafter(model, vocab=[1, 1, 2])
+    refused_in_one_line("experiments.tools.eagle", override, key)

@@ -75,11 +75,12 @@ def test_decode_batch_with_medusa_equals_each_sequence_alone():
         assert out.stats.accepted == alone.stats.accepted
 
 
-class HiddenSpy:
-    """A source registered with hidden=True that records what each update hands it."""
+class OutcomeSpy:
+    """A source that records what each update hands it (context, hidden state, features), registered
+    with hidden=True or features=True by the test that uses it."""
 
     topk = 0
-    seen: list[tuple[list[int], torch.Tensor]] = []
+    seen: list[tuple[list[int], torch.Tensor | None, torch.Tensor | None]] = []
 
     @classmethod
     def from_config(cls, config, size, context):
@@ -89,7 +90,8 @@ class HiddenSpy:
         return []
 
     def update(self, outcome) -> None:
-        HiddenSpy.seen.append((list(outcome.context), outcome.hidden.clone()))
+        copy = lambda t: None if t is None else t.clone()    # noqa: E731
+        OutcomeSpy.seen.append((list(outcome.context), copy(outcome.hidden), copy(outcome.features)))
 
 
 @pytest.mark.parametrize("config", [dict(window=1, ngram=3, guess=3, pool_only=True, tree=True, sources={"suffix": 3}),
@@ -98,17 +100,17 @@ class HiddenSpy:
 def test_each_step_drafts_from_the_hidden_state_that_predicted_its_last_token(config):
     """The hidden state handed over after a step is the model's last hidden state at the token before
     the last committed one (the row whose logits chose it), as a fresh forward over the text gives it."""
-    register_source("spy", label="spy", hidden=True)(HiddenSpy)
+    register_source("spy", label="spy", hidden=True)(OutcomeSpy)
     try:
-        HiddenSpy.seen = []
+        OutcomeSpy.seen = []
         model = tiny_random_model("llama", seed=5)
         prompt = [3, 4, 5, 6, 3, 4, 5, 6, 3, 4, 5, 6, 7, 8, 3, 4]
         out = decode(model, prompt, LookaheadConfig(**{**config, "sources": {**config["sources"], "spy": 1}}), DecodeLimits(max_new_tokens=30))
         assert max(out.stats.accepted) > 1, "no multi-token step: the row choice was not exercised"
-        assert len(HiddenSpy.seen) == out.stats.steps + 1            # the prefill's, then one per step
+        assert len(OutcomeSpy.seen) == out.stats.steps + 1           # the prefill's, then one per step
         with torch.inference_mode():
             full = model(torch.tensor([prompt + out.tokens]), output_hidden_states=True).hidden_states[-1][0]
-        for context, hidden in HiddenSpy.seen:
+        for context, hidden, _ in OutcomeSpy.seen:
             torch.testing.assert_close(hidden, full[len(context) - 2], atol=1e-5, rtol=1e-5)
     finally:
         unregister_source("spy")
@@ -122,17 +124,13 @@ def test_a_medusa_config_without_heads_is_refused():
 
 def test_medusa_sampling_keeps_the_distribution():
     """Recursive rejection over the heads' tree: the first 3 tokens' distribution is the model's."""
-    from test_sampling import DRAWS, PROMPT, VOCAB, chi_square_pvalue, exact_distribution
+    from test_sampling import DRAWS, VOCAB, chi_square_pvalue, draw, exact_distribution
 
     model = tiny_random_model("llama", seed=0, vocab_size=VOCAB, initializer_range=0.05)
     lm = CausalLM(model, drafters={"medusa": heads_for(model, 1, 0.3)})
     sampling = SamplingConfig(temperature=1.0)
     probs = exact_distribution(model, sampling)
-    counts, multi = {}, 0
-    for seed in range(DRAWS):
-        out = decode(lm, PROMPT, MEDUSA, DecodeLimits(max_new_tokens=3), SamplingConfig(1.0, seed=seed))
-        counts[tuple(out.tokens)] = counts.get(tuple(out.tokens), 0) + 1
-        multi += any(a > 1 for a in out.stats.accepted)
+    counts, multi = draw(lm, MEDUSA, sampling)
     assert multi > DRAWS // 10, "the heads' drafts were rarely accepted: the verifier was hardly exercised"
     assert chi_square_pvalue(counts, probs, DRAWS) > 1e-3
 
@@ -300,13 +298,7 @@ def test_training_saves_heads_with_their_curve_and_accuracy_and_resumes(tmp_path
     assert record["files"]["prose"] > 0 and record["tokens"] == (6000 // 2 // distill.CHUNK) * distill.CHUNK * 2
     curve = (out / "curve.csv").read_text().splitlines()
     assert len(curve) == 1 + 6 and "heldout_top1_3" in curve[0] and (out / "curve.png").stat().st_size > 0
-    shards = {p.name: p.stat().st_mtime_ns for p in (out / "work").rglob("shard_*.pt")}
-    capsys.readouterr()
-    monkeypatch.setattr(sys, "argv", args + ["steps=9"])
-    preset.main()
-    assert "resuming at step 6 of 9" in capsys.readouterr().out
-    assert len((out / "curve.csv").read_text().splitlines()) == 1 + 9
-    assert {p.name: p.stat().st_mtime_ns for p in (out / "work").rglob("shard_*.pt")} == shards   # cached once
+    resumes_from_step_6_to_9(preset.main, args, out, capsys, monkeypatch)
     model = tiny_random_model("llama")
     heads = load_heads(out, model)
     lm = CausalLM(model, drafters={"medusa": heads})
@@ -315,13 +307,29 @@ def test_training_saves_heads_with_their_curve_and_accuracy_and_resumes(tmp_path
         decode(model, prompt, None, DecodeLimits(max_new_tokens=20)).tokens
 
 
+def resumes_from_step_6_to_9(main, args: list[str], out, capsys, monkeypatch) -> None:
+    """A training tool that ran 6 steps, run again with ``steps=9``, resumes at step 6, extends its
+    curve to 9 rows and computes no feature shard again."""
+    shards = {p.name: p.stat().st_mtime_ns for p in (out / "work").rglob("shard_*.pt")}
+    capsys.readouterr()
+    monkeypatch.setattr(sys, "argv", args + ["steps=9"])
+    main()
+    assert "resuming at step 6 of 9" in capsys.readouterr().out
+    assert len((out / "curve.csv").read_text().splitlines()) == 1 + 9
+    assert {p.name: p.stat().st_mtime_ns for p in (out / "work").rglob("shard_*.pt")} == shards   # cached once
+
+
 @pytest.mark.parametrize("override, key", [("token=6000", "token"), ("tokens=-5", "tokens"), ("lr=fast", "lr"),
                                            ("model=nowhere", "model"), ("model.linear=stream", "model.linear")])
 def test_a_bad_training_config_is_refused_in_one_line_naming_the_key(override, key):
-    """Before torch loads: one line, exit 2."""
+    refused_in_one_line("experiments.tools.medusa", override, key)
+
+
+def refused_in_one_line(tool: str, override: str, key: str) -> None:
+    """Before torch loads: one line naming ``key``, exit 2."""
     from experiments.data.datasets import repo_root
 
-    done = subprocess.run([sys.executable, "-m", "experiments.tools.medusa", override], cwd=repo_root(),
+    done = subprocess.run([sys.executable, "-m", tool, override], cwd=repo_root(),
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.startswith("error: ") and key in done.stderr and done.stderr.count("\n") == 1, done.stderr

@@ -49,6 +49,20 @@ def at_least_one(s: object, *keys: str) -> None:
             raise ConfigError(f"{key}: must be at least 1, got {getattr(s, key)}")
 
 
+def at_least_one_or_null(s: object, *keys: str) -> None:
+    """Each of ``s``'s ``keys`` is null or at least 1 (``threads``), else a ConfigError naming the key."""
+    for key in keys:
+        if getattr(s, key) is not None and getattr(s, key) < 1:
+            raise ConfigError(f"{key}: must be at least 1 or null, got {getattr(s, key)}")
+
+
+def positive(s: object, *keys: str) -> None:
+    """Each of ``s``'s ``keys`` is above 0, else a ConfigError naming the key."""
+    for key in keys:
+        if not getattr(s, key) > 0:
+            raise ConfigError(f"{key}: must be positive, got {getattr(s, key)}")
+
+
 def positive_lists(s: object, *keys: str) -> None:
     """Each of ``s``'s ``keys`` is a non-empty list of ints >= 1, else a ConfigError naming the key."""
     for key in keys:

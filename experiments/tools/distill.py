@@ -18,7 +18,9 @@ import random
 import sys
 import sysconfig
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 CHUNK = 256                     # tokens per training chunk
 HELD_OUT = 0.05                 # share of chunks held out for the accuracy table
@@ -125,3 +127,90 @@ def write_curve(curve: list[dict], path: Path) -> None:
         writer = csv.DictWriter(f, fields)
         writer.writeheader()
         writer.writerows(curve)
+
+
+# ---------------------------------------------------------------------------------------------
+# The stage both drafter tools start from, and their resumable training state
+
+
+@dataclass
+class Distilled:
+    """A frozen base and what it showed over the corpus: chunks, features and argmaxes (on the host;
+    each batch moves to the drafter's device as it is drawn), split into training and held-out chunks."""
+
+    model: Any
+    record: dict                       # what the corpus is (corpus_chunks's record)
+    key: dict                          # model and corpus: names the feature cache and keys the training state
+    tokens: Any                        # (C, CHUNK) the chunks' token ids
+    hidden: Any                        # (C, CHUNK, H) the base's last hidden states, fp16
+    argmax: Any                        # (C, CHUNK) the base's argmax
+    train_chunks: Any
+    eval_chunks: Any
+    generator: Any                     # seeded; drew the split, draws the batches
+    cache_seconds: float               # what computing every feature shard took
+    work: Path
+
+
+def distil(model_config: Any, tokens: int, seed: int, work: Path, device: str, threads: int | None) -> Distilled:
+    """Load the base (float32, frozen), cut the corpus, cache its features in ``work`` (resuming),
+    and split the chunks, HELD_OUT of them held out."""
+    import torch
+
+    from experiments.models.loader import load_model
+
+    if threads:
+        torch.set_num_threads(threads)
+    work.mkdir(parents=True, exist_ok=True)
+    model, tokenizer = load_model(model_config.spec, dtype="float32", device=device, cache_dir=model_config.cache_dir)
+    if tokenizer is None:                           # the tiny random test models ship none
+        from experiments.models.tiny_tokenizer import ByteTokenizer
+        tokenizer = ByteTokenizer(model.config.vocab_size)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    chunks, record = corpus_chunks(tokenizer, tokens, seed)
+    if len(chunks) < 20:
+        raise SystemExit(f"the corpus gave {len(chunks)} chunks of {CHUNK} tokens: ask for more tokens (tokens=)")
+    key = {"model": model_config.name, **{k: record[k] for k in ("corpus", "python", "seed", "tokens")}}
+    hidden_dir = work / ("hidden_" + "_".join(f"{v}" for v in key.values()).replace("/", "-"))
+    cache_seconds = cache_hidden(model, chunks, hidden_dir)
+    hidden, argmax = load_hidden(hidden_dir)
+    n_eval = max(1, int(len(chunks) * HELD_OUT))
+    g = torch.Generator().manual_seed(seed)
+    order = torch.randperm(len(chunks), generator=g)
+    return Distilled(model, record, key, torch.tensor(chunks), hidden, argmax, order[n_eval:], order[:n_eval], g,
+                     cache_seconds, work)
+
+
+class Checkpoint:
+    """A training's state in ``path``: ``parts`` (name -> a module or optimizer) with the step, the
+    seconds, the curve and optionally the batch generator; it resumes only under the same ``key``."""
+
+    def __init__(self, path: Path, key: dict, parts: dict[str, Any], map_location: Any) -> None:
+        self.path, self.key, self.parts, self.map_location = path, key, parts, map_location
+
+    def resume(self, total_steps: int, generator: Any = None) -> tuple[int, float, list[dict]]:
+        """(step, seconds, curve) to go on from: the saved ones under this key, else a fresh start."""
+        import torch
+
+        if not self.path.is_file():
+            return 0, 0.0, []
+        saved = torch.load(self.path, weights_only=False, map_location=self.map_location)
+        if saved["key"] != self.key:
+            return 0, 0.0, []
+        for name, part in self.parts.items():
+            part.load_state_dict(saved[name])
+        if generator is not None:
+            generator.set_state(saved["generator"])
+        print(f"resuming at step {saved['step']} of {total_steps}")
+        return saved["step"], saved["seconds"], saved["curve"]
+
+    def save(self, step: int, seconds: float, curve: list[dict], generator: Any = None) -> None:
+        import torch
+
+        state = {"key": self.key, **{name: part.state_dict() for name, part in self.parts.items()},
+                 "step": step, "seconds": seconds, "curve": curve}
+        if generator is not None:
+            state["generator"] = generator.get_state()
+        tmp = self.path.with_suffix(".tmp")
+        torch.save(state, tmp)
+        tmp.rename(self.path)

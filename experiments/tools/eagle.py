@@ -46,7 +46,7 @@ from experiments.config.schema import ModelConfig
 from experiments.config.settings import check_packages
 from experiments.data.datasets import repo_root
 from experiments.tools import app
-from experiments.tools.distill import CHUNK, HELD_OUT, cache_hidden, corpus_chunks, load_hidden, write_curve
+from experiments.tools.distill import CHUNK, Checkpoint, distil, write_curve
 
 
 @dataclass
@@ -79,15 +79,12 @@ def check(cfg: DictConfig) -> EagleTrainConfig:
     packages are missing) is a ConfigError naming its key."""
     s = OmegaConf.to_object(cfg)
     app.at_least_one(s, "tokens", "steps", "batch", "ce_positions", "depth", "eval_every")
-    for key in ("lr", "ce_weight"):
-        if not getattr(s, key) > 0:
-            raise ConfigError(f"{key}: must be positive, got {getattr(s, key)}")
+    app.positive(s, "lr", "ce_weight")
     if s.draft_vocab < 0:
         raise ConfigError(f"draft_vocab: must be 0 (the whole vocabulary) or more, got {s.draft_vocab}")
     if s.depth >= CHUNK - 1:
         raise ConfigError(f"depth: must be below the chunk length {CHUNK - 1}, got {s.depth}")
-    if s.threads is not None and s.threads < 1:
-        raise ConfigError(f"threads: must be at least 1 or null, got {s.threads}")
+    app.at_least_one_or_null(s, "threads")
     check_packages(s.model)
     app.stock_kernel(s.model, "drafter training")
     return s
@@ -146,33 +143,12 @@ def train(s: EagleTrainConfig) -> Path:
     import torch
     from tqdm import tqdm
 
-    from experiments.models.loader import load_model
     from lookahead_core.eagle import EagleDrafter, save_drafter
 
-    if s.threads:
-        torch.set_num_threads(s.threads)
     out = drafter_folder(s)
-    work = out / "work"
-    work.mkdir(parents=True, exist_ok=True)
-    model, tokenizer = load_model(s.model.spec, dtype="float32", device=s.device, cache_dir=s.model.cache_dir)
-    if tokenizer is None:                           # the tiny random test models ship none
-        from experiments.models.tiny_tokenizer import ByteTokenizer
-        tokenizer = ByteTokenizer(model.config.vocab_size)
-    for p in model.parameters():
-        p.requires_grad_(False)
-    chunks, record = corpus_chunks(tokenizer, s.tokens, s.seed)
-    if len(chunks) < 20:
-        raise SystemExit(f"the corpus gave {len(chunks)} chunks of {CHUNK} tokens: ask for more tokens (tokens=)")
-    key = {"model": s.model.name, **{k: record[k] for k in ("corpus", "python", "seed", "tokens")}}
-    hidden_dir = work / ("hidden_" + "_".join(f"{v}" for v in key.values()).replace("/", "-"))
-    cache_seconds = cache_hidden(model, chunks, hidden_dir)
-    hidden, argmax = load_hidden(hidden_dir)
-    tokens = torch.tensor(chunks)
-    n_eval = max(1, int(len(chunks) * HELD_OUT))
-    g = torch.Generator().manual_seed(s.seed)
-    order = torch.randperm(len(chunks), generator=g)
-    train_chunks, eval_chunks = order[n_eval:], order[:n_eval]
-
+    base = distil(s.model, s.tokens, s.seed, out / "work", s.device, s.threads)
+    model, tokens, hidden, argmax, g = base.model, base.tokens, base.hidden, base.argmax, base.generator
+    train_chunks, eval_chunks = base.train_chunks, base.eval_chunks
     vocab, coverage = None, 1.0
     if s.draft_vocab:                       # the training text's most frequent tokens
         counts = torch.bincount(tokens[train_chunks].flatten(), minlength=model.config.vocab_size)
@@ -184,19 +160,12 @@ def train(s: EagleTrainConfig) -> Path:
     drafter = EagleDrafter(model, vocab=vocab).float()
     drafter.train()
     optimizer = torch.optim.AdamW(drafter.parameters(), lr=s.lr, weight_decay=0.0)
-    state_path = work / "train_state.pt"
-    state_key = {**key, "lr": s.lr, "batch": s.batch, "ce_weight": s.ce_weight, "ce_positions": s.ce_positions,
-                 "draft_vocab": s.draft_vocab}
-    step, seconds, curve, acceptance = 0, 0.0, [], None
-    if state_path.is_file():
-        saved = torch.load(state_path, weights_only=False, map_location=drafter.fc.weight.device)
-        if saved["key"] == state_key:
-            drafter.fc.load_state_dict(saved["fc"])
-            drafter.layer.load_state_dict(saved["layer"])
-            optimizer.load_state_dict(saved["optimizer"])
-            step, seconds, curve = saved["step"], saved["seconds"], saved["curve"]
-            g.set_state(saved["generator"])
-            print(f"resuming at step {step} of {s.steps}")
+    state = Checkpoint(base.work / "train_state.pt",
+                       {**base.key, "lr": s.lr, "batch": s.batch, "ce_weight": s.ce_weight,
+                        "ce_positions": s.ce_positions, "draft_vocab": s.draft_vocab},
+                       {"fc": drafter.fc, "layer": drafter.layer, "optimizer": optimizer}, drafter.fc.weight.device)
+    step, seconds, curve = state.resume(s.steps, g)
+    acceptance = None
     bar = tqdm(total=s.steps, initial=step, desc=f"eagle drafter ({s.model.name})", unit="step")
     while step < s.steps:
         t = time.perf_counter()
@@ -219,20 +188,16 @@ def train(s: EagleTrainConfig) -> Path:
         bar.update(1)
         bar.set_postfix(feature=f"{row['feature_loss']:.3f}", token=f"{row['token_loss']:.2f}")
         if checkpoint:
-            tmp = state_path.with_suffix(".tmp")
-            torch.save({"key": state_key, "fc": drafter.fc.state_dict(), "layer": drafter.layer.state_dict(),
-                        "optimizer": optimizer.state_dict(), "step": step, "seconds": seconds, "curve": curve,
-                        "generator": g.get_state()}, tmp)
-            tmp.rename(state_path)
+            state.save(step, seconds, curve, g)
     bar.close()
     drafter.eval()
     if acceptance is None:                         # resumed after the last step: nothing evaluated yet
         acceptance = chain_acceptance(drafter, tokens, hidden, argmax, eval_chunks, s.depth)
-    training = {**record, "targets": "the base's next feature and argmax (self-distillation)",
-                "held_out_chunks": n_eval, "steps": s.steps, "batch": s.batch, "lr": s.lr, "ce_weight": s.ce_weight,
+    training = {**base.record, "targets": "the base's next feature and argmax (self-distillation)",
+                "held_out_chunks": len(eval_chunks), "steps": s.steps, "batch": s.batch, "lr": s.lr, "ce_weight": s.ce_weight,
                 "ce_positions": s.ce_positions, "draft_vocab": s.draft_vocab or model.config.vocab_size,
                 "draft_vocab_coverage": round(coverage, 4), "train_seconds": round(seconds, 1),
-                "hidden_cache_seconds": round(cache_seconds, 1), "threads": torch.get_num_threads(),
+                "hidden_cache_seconds": round(base.cache_seconds, 1), "threads": torch.get_num_threads(),
                 "acceptance": [round(a, 4) for a in acceptance], "date": time.strftime("%Y-%m-%d %H:%M:%S")}
     save_drafter(drafter.to(model.dtype), out, training=training)
     write_curve(curve, out / "curve.csv")

@@ -41,7 +41,7 @@ from experiments.config.schema import ModelConfig
 from experiments.config.settings import check_packages
 from experiments.data.datasets import repo_root
 from experiments.tools import app
-from experiments.tools.distill import CHUNK, HELD_OUT, cache_hidden, corpus_chunks, load_hidden, write_curve
+from experiments.tools.distill import CHUNK, Checkpoint, distil, write_curve
 
 
 @dataclass
@@ -73,10 +73,8 @@ def check(cfg: DictConfig) -> MedusaConfig:
     app.at_least_one(s, "heads", "layers", "tokens", "steps", "batch", "eval_every")
     if s.heads >= CHUNK:
         raise ConfigError(f"heads: must be below the chunk length {CHUNK}, got {s.heads}")
-    if not s.lr > 0:
-        raise ConfigError(f"lr: must be positive, got {s.lr}")
-    if s.threads is not None and s.threads < 1:
-        raise ConfigError(f"threads: must be at least 1 or null, got {s.threads}")
+    app.positive(s, "lr")
+    app.at_least_one_or_null(s, "threads")
     check_packages(s.model)
     app.stock_kernel(s.model, "head training")
     return s
@@ -123,31 +121,12 @@ def train(s: MedusaConfig) -> Path:
     import torch
     from tqdm import tqdm
 
-    from experiments.models.loader import load_model
     from lookahead_core.medusa import for_model, save_heads
 
-    if s.threads:
-        torch.set_num_threads(s.threads)
     out = heads_folder(s)
-    work = out / "work"
-    work.mkdir(parents=True, exist_ok=True)
-    model, tokenizer = load_model(s.model.spec, dtype="float32", device=s.device, cache_dir=s.model.cache_dir)
-    if tokenizer is None:                           # the tiny random test models ship none
-        from experiments.models.tiny_tokenizer import ByteTokenizer
-        tokenizer = ByteTokenizer(model.config.vocab_size)
-    for p in model.parameters():
-        p.requires_grad_(False)
-    chunks, record = corpus_chunks(tokenizer, s.tokens, s.seed)
-    if len(chunks) < 20:
-        raise SystemExit(f"the corpus gave {len(chunks)} chunks of {CHUNK} tokens: ask for more tokens (tokens=)")
-    key = {"model": s.model.name, **{k: record[k] for k in ("corpus", "python", "seed", "tokens")}}
-    hidden_dir = work / ("hidden_" + "_".join(f"{v}" for v in key.values()).replace("/", "-"))
-    cache_seconds = cache_hidden(model, chunks, hidden_dir)
-    hidden, argmax = load_hidden(hidden_dir)
-    n_eval = max(1, int(len(chunks) * HELD_OUT))
-    g = torch.Generator().manual_seed(s.seed)
-    order = torch.randperm(len(chunks), generator=g)
-    train_chunks, eval_chunks = order[n_eval:], order[:n_eval]
+    base = distil(s.model, s.tokens, s.seed, out / "work", s.device, s.threads)
+    model, hidden, argmax, g = base.model, base.hidden, base.argmax, base.generator
+    train_chunks, eval_chunks = base.train_chunks, base.eval_chunks
     last = CHUNK - s.heads                      # positions with a target for every head
     eval_pos = (eval_chunks.repeat_interleave(last), torch.arange(last).repeat(len(eval_chunks)))
 
@@ -155,16 +134,11 @@ def train(s: MedusaConfig) -> Path:
     device = next(heads.parameters()).device       # the model's (device=): the cached states are on the host
     heads.train()
     optimizer = torch.optim.AdamW(heads.parameters(), lr=s.lr, weight_decay=0.0)
-    state_path, curve_path = work / "train_state.pt", out / "curve.csv"
-    state_key = {**key, "heads": s.heads, "layers": s.layers, "lr": s.lr, "batch": s.batch}
-    step, seconds, curve, accuracy = 0, 0.0, [], None
-    if state_path.is_file():
-        saved = torch.load(state_path, weights_only=False, map_location=device)
-        if saved["key"] == state_key:
-            heads.heads.load_state_dict(saved["heads"])
-            optimizer.load_state_dict(saved["optimizer"])
-            step, seconds, curve = saved["step"], saved["seconds"], saved["curve"]
-            print(f"resuming at step {step} of {s.steps}")
+    state = Checkpoint(base.work / "train_state.pt", {**base.key, "heads": s.heads, "layers": s.layers, "lr": s.lr,
+                                                      "batch": s.batch}, {"heads": heads.heads, "optimizer": optimizer},
+                       device)
+    step, seconds, curve = state.resume(s.steps)
+    accuracy = None
     weights = torch.tensor([LOSS_DECAY ** k for k in range(s.heads)], device=device)
     bar = tqdm(total=s.steps, initial=step, desc=f"medusa heads ({s.model.name})", unit="step")
     while step < s.steps:
@@ -194,22 +168,19 @@ def train(s: MedusaConfig) -> Path:
         bar.update(1)
         bar.set_postfix(loss=f"{float(losses[0].detach()):.2f}", top1=f"{float(top1[0]):.2f}")
         if checkpoint:
-            tmp = state_path.with_suffix(".tmp")
-            torch.save({"key": state_key, "heads": heads.heads.state_dict(), "optimizer": optimizer.state_dict(),
-                        "step": step, "seconds": seconds, "curve": curve}, tmp)
-            tmp.rename(state_path)
+            state.save(step, seconds, curve)
     bar.close()
     heads.eval()
     if accuracy is None:                           # resumed after the last step: nothing evaluated yet
         accuracy = evaluate(heads, hidden, argmax, eval_pos)
     heads.accuracy = accuracy
-    heads.training_record = {**record, "targets": "the base's argmax k positions ahead (self-distillation)",
-                             "held_out_chunks": n_eval, "steps": s.steps, "batch": s.batch, "lr": s.lr,
+    heads.training_record = {**base.record, "targets": "the base's argmax k positions ahead (self-distillation)",
+                             "held_out_chunks": len(eval_chunks), "steps": s.steps, "batch": s.batch, "lr": s.lr,
                              "loss_decay": LOSS_DECAY, "train_seconds": round(seconds, 1),
-                             "hidden_cache_seconds": round(cache_seconds, 1), "threads": torch.get_num_threads(),
+                             "hidden_cache_seconds": round(base.cache_seconds, 1), "threads": torch.get_num_threads(),
                              "date": time.strftime("%Y-%m-%d %H:%M:%S")}
     save_heads(heads, out)
-    write_curve(curve, curve_path)
+    write_curve(curve, out / "curve.csv")
     plot_curve(curve, out / "curve.png", s.model.name)
     print(f"heads saved to {out}; held-out top-1 per head: {[round(a[0], 3) for a in accuracy]}")
     return out
