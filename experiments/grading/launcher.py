@@ -123,14 +123,18 @@ def _load(name: str) -> Any:
     return module
 
 
-def _start(job: Mapping[str, Any]) -> None:
-    """What ``site`` would give both processes, without running its ``.pth`` files (the launchers
-    start with ``-S``): the host's package directories, and the ``exit``/``quit`` builtins."""
+def _start(job_path: str) -> dict[str, Any]:
+    """The role's job, read from ``job_path``, and what ``site`` would give the process without
+    running its ``.pth`` files (the launchers start with ``-S``): the host's package directories,
+    and the ``exit``/``quit`` builtins."""
     import _sitebuiltins
 
+    with open(job_path, encoding="utf-8") as handle:
+        job = json.load(handle)
     sys.path.extend(job["path"])
     builtins.exit, builtins.quit = _sitebuiltins.Quitter("exit", "Ctrl-D"), _sitebuiltins.Quitter("quit", "Ctrl-D")
     sys.argv = [PROGRAM_NAME]
+    return job
 
 
 # -- the program's process ------------------------------------------------------------------------
@@ -139,9 +143,7 @@ def _start(job: Mapping[str, Any]) -> None:
 def _program(job_path: str, request_fd: str, reply_fd: str) -> None:
     """Entry point of the program's process: run the program, say whether it is ready, then answer
     the grader's requests on its namespace until the grader closes the channel."""
-    with open(job_path, encoding="utf-8") as handle:
-        job = json.load(handle)
-    _start(job)
+    job = _start(job_path)
     if job.get("guard"):
         _install_guard(os.getcwd())
     channel = _load("channel")
@@ -263,13 +265,10 @@ def _grade(mode: str, program_dir: str, job_path: str, nonce_fd: str, result_fd:
     """Entry point of the grader's process: start the program's process, take the nonce, run the
     benchmark's test here with the program's names reached through the channel, write the record."""
     process, reply_r, request_w = _spawn_program(mode, program_dir)   # first: its start overlaps ours
-    nonce = os.read(int(nonce_fd), 64).decode()
-    os.close(int(nonce_fd))
+    nonce = _take_nonce(nonce_fd)
     out = int(result_fd)
     _undumpable()
-    with open(job_path, encoding="utf-8") as handle:
-        job = json.load(handle)
-    _start(job)
+    job = _start(job_path)
     channel = _load("channel")
     remote = channel.Remote(channel.Pipes(reply_r, request_w, time.monotonic() + job["timeout_s"] + 5))
     status, reason, details = "failed", "", {}
@@ -293,7 +292,7 @@ def _grade(mode: str, program_dir: str, job_path: str, nonce_fd: str, result_fd:
         ended = _program_gone(process, mode, remote.gone)
         if process.poll() is not None or status == "passed":
             status, reason, details = ended
-    os.write(out, (json.dumps({"nonce": nonce, "status": status, "reason": reason, "details": details}) + "\n").encode())
+    _record(out, nonce, status, reason, details)
 
 
 def _run_calls(job: Mapping[str, Any], remote: Any) -> tuple[str, str, dict[str, Any]]:
@@ -363,16 +362,25 @@ def _run_unittest(job: Mapping[str, Any], remote: Any) -> tuple[str, str, dict[s
 
 
 def _script(job_path: str, nonce_fd: str, result_fd: str) -> None:
-    nonce = os.read(int(nonce_fd), 64).decode()
-    os.close(int(nonce_fd))
+    nonce = _take_nonce(nonce_fd)
     out = int(result_fd)
     os.set_inheritable(out, False)
-    with open(job_path, encoding="utf-8") as handle:
-        job = json.load(handle)
-    _start(job)
+    job = _start(job_path)
     if job.get("guard"):
         _install_guard(os.getcwd())
     status, reason, details = _executed(job["source"], {}) or ("passed", "", {})
+    _record(out, nonce, status, reason, details)
+
+
+def _take_nonce(fd: str) -> str:
+    """The run's nonce, read from its pipe, which is then closed."""
+    nonce = os.read(int(fd), 64).decode()
+    os.close(int(fd))
+    return nonce
+
+
+def _record(out: int, nonce: str, status: str, reason: str, details: dict[str, Any]) -> None:
+    """The one result record, carrying the nonce, written to the result descriptor."""
     os.write(out, (json.dumps({"nonce": nonce, "status": status, "reason": reason, "details": details}) + "\n").encode())
 
 

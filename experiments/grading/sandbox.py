@@ -58,8 +58,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from experiments.grading.launcher import (EXITED_EARLY, GRADER_DIR, PROGRAM_DIR, SAFE_PATH, SANDBOX_GID,  # noqa: F401
-                                         SANDBOX_UID, SHM_BYTES, WORK_DIR, SandboxViolation, sandbox_env)
+from experiments.grading.launcher import (EXITED_EARLY, GRADER_DIR, PROGRAM_DIR, SAFE_PATH, SANDBOX_GID,
+                                         SANDBOX_UID, SHM_BYTES, WORK_DIR, sandbox_env)
 
 Status = Literal["passed", "failed", "timeout", "error"]
 MODES: tuple[str, ...] = ("bwrap", "process")
