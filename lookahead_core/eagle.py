@@ -221,7 +221,7 @@ class EagleSource:
         out = self.drafter(tokens, features, positions, mask, self.cache)
         self.next = first + len(tokens)
         self.root = out[-1]
-        self.seconds += time.perf_counter() - start
+        self._count(start)
 
     @torch.no_grad()
     def propose(self, context: Sequence[int]) -> list[Draft]:
@@ -230,8 +230,16 @@ class EagleSource:
         start = time.perf_counter()
         nodes = self._grow()
         truncate_kv(self.cache, self.next - self.first)   # the tree's entries go: the cache holds the text
-        self.seconds += time.perf_counter() - start
+        self._count(start)
         return _drafts(nodes, self.size)
+
+    def _count(self, start: float) -> None:
+        """Add the seconds since ``start`` to ``seconds``, once the drafter's device has done the
+        work queued (a GPU runs it asynchronously; the next tree needs it anyway)."""
+        device = self.drafter.fc.weight.device
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        self.seconds += time.perf_counter() - start
 
     def _grow(self) -> list[_Node]:
         """Every node the levels generated (their ``width`` best per level expanded, ``width``
@@ -250,7 +258,7 @@ class EagleSource:
         for depth in range(2, self.depth + 1):
             past = self.cache.get_seq_length()
             q = len(frontier)
-            mask = torch.zeros(q, past + q, dtype=torch.bool, device=device)
+            mask = torch.zeros(q, past + q, dtype=torch.bool)       # built on the host, moved once a level
             mask[:, :committed] = True
             for row, node in enumerate(frontier):
                 mask[row, past + row] = True
@@ -258,6 +266,7 @@ class EagleSource:
                 while parent >= 0:
                     mask[row, slots[parent]] = True
                     parent = nodes[parent].parent
+            mask = mask.to(device)
             tokens = torch.tensor([nodes[n].token for n in frontier], device=device)
             features = torch.stack([inputs[n] for n in frontier])
             positions = torch.full((q,), self.next - 1 + depth - 1, device=device)
