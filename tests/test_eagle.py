@@ -317,3 +317,34 @@ def test_training_saves_a_drafter_with_its_curve_and_acceptance_and_resumes(tmp_
                                            ("model=nowhere", "model")])
 def test_a_bad_training_config_is_refused_in_one_line_naming_the_key(override, key):
     refused_in_one_line("experiments.tools.eagle", override, key)
+
+
+def test_a_reduced_draft_vocabulary_drafts_only_its_tokens_losslessly_and_round_trips(tmp_path):
+    """The head scores only the draft vocabulary's rows (the base's own, sliced), the tree holds only
+    its tokens, decoding stays greedy's, and the vocabulary travels as EAGLE-3's ``d2t``."""
+    from lookahead_core.eagle import load_drafter, save_drafter
+
+    model = tiny_random_model("llama", seed=8)
+    vocab = list(range(0, 128, 3))
+    drafter = EagleDrafter(model, vocab=vocab)
+    full = EagleDrafter(model)
+    full.load_state_dict(drafter.state_dict())
+    features = torch.randn(2, model.config.hidden_size)
+    torch.testing.assert_close(drafter.log_probs(features).exp().sum(-1), torch.ones(2))
+    ranked = drafter.token_ids(drafter.log_probs(features).argsort(-1, descending=True))
+    in_full = full.log_probs(features)[:, vocab].argsort(-1, descending=True)
+    assert ranked.tolist() == torch.tensor(vocab)[in_full].tolist()          # the same order as the full head's
+    source = EagleSource(drafter, size=12, depth=4)
+    text = prompt_for(128, 5, 20)
+    with torch.inference_mode():
+        hidden = model(torch.tensor([text]), output_hidden_states=True).hidden_states[-1][0]
+    source.update(StepOutcome(text, len(text), text[-1], features=hidden[:-1]))
+    assert {t for d in source.propose(text) for t in d.tokens} <= set(vocab)
+    lm = CausalLM(model, drafters={"eagle": drafter})
+    prompt = prompt_for(128, 6)
+    assert decode(lm, prompt, CONFIGS[1], DecodeLimits(max_new_tokens=NEW)).tokens == \
+        decode(model, prompt, None, DecodeLimits(max_new_tokens=NEW)).tokens
+    save_drafter(drafter, tmp_path / "small")
+    assert load_drafter(tmp_path / "small", model).vocab.tolist() == vocab
+    with pytest.raises(ValueError, match="distinct token ids"):
+        EagleDrafter(model, vocab=[1, 1, 2])
