@@ -224,6 +224,7 @@ def _run(model, prompts: list[list[int]], lookahead: LookaheadConfig | None, lim
     kinds = [kind for kind, _ in active(lookahead)] if lookahead is not None else []
     features = any(kind.features for kind in kinds)
     hidden = features or any(kind.hidden for kind in kinds)
+    layers = len(lm.feature_layers)           # hidden states come as the last layer's, then a drafter's others
     clock = ForwardClock(lm.device)
     cache, first = _prefill(lm, prompts, state, [s.stats for s in seqs], hidden, clock, features)
     for seq, (logits, states) in zip(seqs, first):
@@ -233,7 +234,7 @@ def _run(model, prompts: list[list[int]], lookahead: LookaheadConfig | None, lim
             seq.proposer = Proposer.from_config(lookahead, seq.tokens, seq.pool, seq.prompt, lm.drafters,
                                                 seq.stats.drafts)
             if hidden:       # the prefill's outcome: no new n-grams, the hidden states the first tree drafts from
-                seq.proposer.update(StepOutcome(seq.tokens, len(seq.tokens), seq.tokens[-1], hidden=states[-1],
+                seq.proposer.update(StepOutcome(seq.tokens, len(seq.tokens), seq.tokens[-1], hidden=states[-1, :states.shape[-1] // layers],
                                                 features=states if features else None), EMPTY_TREE, [])
     outputs: dict[int, DecodeOutput] = {}
     live = list(range(len(seqs)))                     # cache row r holds sequence live[r]
@@ -270,7 +271,7 @@ def _run(model, prompts: list[list[int]], lookahead: LookaheadConfig | None, lim
         for seq, plan, verdict, read, row_states in zip(batch, plans, verdicts, reads, states):
             kept = _accept(seq, verdict.tokens, limits, tokenizer, on_token)
             seq.stats.accepted.append(kept)
-            _learn(seq, plan, verdict, kept, read, row_states, features)
+            _learn(seq, plan, verdict, kept, read, row_states, features, layers)
             keep.append(_keep(plan, verdict, kept))
         lm.commit(cache, past, keep, valid)
         for seq in batch:
@@ -378,11 +379,12 @@ def _accept(seq: _Sequence, tokens: list[int], limits: DecodeLimits, tokenizer, 
 
 
 def _learn(seq: _Sequence, plan: _Plan, verdict: Verdict, kept: int, read: _Read, hidden: torch.Tensor | None,
-           features: bool = False) -> None:
+           features: bool = False, layers: int = 1) -> None:
     """5. Hand the sequence's sources what the step showed (``StepOutcome``): the ``kept`` tokens it
     committed, the window's next level, every logit row's top-k, the hidden state of the row that
-    gave the last kept token (with ``features``: of each row that gave a kept token); and count the
-    tree's acceptance (``Proposer.update``)."""
+    gave the last kept token (the last layer's: the first of the ``layers`` side by side; with
+    ``features``: all of them, of each row that gave a kept token); and count the tree's acceptance
+    (``Proposer.update``)."""
     proposer, layout, fed = seq.proposer, plan.layout, plan.feed.tokens
     if proposer is None:
         return
@@ -394,7 +396,7 @@ def _learn(seq: _Sequence, plan: _Plan, verdict: Verdict, kept: int, read: _Read
                           row_topk=read.topk, row_topk_probs=read.topk_probs)
     if hidden is not None:
         rows = layout.tree_logits[[0] + [node + 1 for node in verdict.path[:kept - 1]]]
-        outcome = replace(outcome, hidden=hidden[int(rows[-1])], features=hidden[rows] if features else None)
+        outcome = replace(outcome, hidden=hidden[int(rows[-1]), :hidden.shape[-1] // layers], features=hidden[rows] if features else None)
     proposer.update(outcome, plan.tree, verdict.path)
 
 

@@ -83,11 +83,7 @@ class EagleDrafter(nn.Module):
         # The draft vocabulary: the token ids its head scores (None: all of the base's). A reduced one
         # (the most frequent tokens of the training text) cuts the LM head's rows, the main cost of a
         # draft step on a small base with a large vocabulary.
-        if vocab is not None:
-            vocab = torch.as_tensor(vocab, dtype=torch.long)
-            if vocab.ndim != 1 or not len(vocab) or len(set(vocab.tolist())) != len(vocab) \
-                    or int(vocab.min()) < 0 or int(vocab.max()) >= config.vocab_size:
-                raise ValueError(f"a draft vocabulary is distinct token ids below {config.vocab_size}")
+        vocab = _checked_vocab(vocab, config.vocab_size)
         self.register_buffer("vocab", vocab, persistent=False)
         self._rows: tuple[int, torch.Tensor] | None = None
         self.to(device=model.device, dtype=model.dtype)
@@ -100,31 +96,29 @@ class EagleDrafter(nn.Module):
     def lm_head(self) -> nn.Module:
         return self.base[0].get_output_embeddings()
 
-    def forward(self, tokens: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
-                mask: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
-        """Predicted features (q, H) of ``tokens`` (q,) read with ``features`` (q, H) at ``positions``
-        (q,), after what ``cache`` holds; ``mask`` (q, cache length + q) bool: what each row sees."""
-        inputs = self.fc(torch.cat([self.embed(tokens), features.to(self.fc.weight.dtype)], dim=-1))[None]
-        position_ids = positions[None]
-        additive = torch.zeros(mask.shape, dtype=inputs.dtype, device=inputs.device)
-        additive.masked_fill_(~mask, torch.finfo(inputs.dtype).min)
-        out = self.layer(inputs, attention_mask=additive[None, None], position_ids=position_ids, cache=cache,
-                         use_cache=True, position_embeddings=self.rotary(inputs, position_ids))
-        return (out[0] if isinstance(out, tuple) else out)[0]
+    aux_layers: tuple[int, ...] = ()      # the base's hidden states it reads besides the last: none
+
+    @property
+    def device(self) -> torch.device:
+        return self.fc.weight.device
+
+    def from_base(self, features: torch.Tensor) -> torch.Tensor:
+        """The drafter's input feature from the base's (the last layer's, first in ``features``)."""
+        return features[..., :self.config.hidden_size]
+
+    def forward(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
+                mask: torch.Tensor, cache: DynamicCache | None = None) -> torch.Tensor:
+        """Predicted features (..., q, H) of ``tokens`` (q,) or (B, q) read with features ``hidden``
+        (..., q, H) at ``positions`` (..., q), after what ``cache`` holds; ``mask`` (..., q, cache
+        length + q) bool: what each row sees."""
+        inputs = self.fc(torch.cat([self.embed(tokens), hidden.to(self.fc.weight.dtype)], dim=-1))
+        return _run(inputs, positions, mask, cache, self.rotary,
+                    lambda x, **kw: self.layer(x, use_cache=cache is not None, **kw))
 
     def forward_train(self, tokens: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
         """Whole sequences at once, no cache (training): ``tokens`` (B, T) read with ``features``
         (B, T, H), position t seeing positions <= t; predicted features (B, T, H)."""
-        inputs = self.fc(torch.cat([self.embed(tokens), features.to(self.fc.weight.dtype)], dim=-1))
-        steps = tokens.shape[1]
-        position_ids = torch.arange(steps, device=tokens.device)[None].expand(tokens.shape[0], -1)
-        causal = torch.ones(steps, steps, dtype=torch.bool, device=tokens.device).tril()
-        additive = torch.zeros(steps, steps, dtype=inputs.dtype, device=inputs.device)
-        additive.masked_fill_(~causal, torch.finfo(inputs.dtype).min)
-        out = self.layer(inputs, attention_mask=additive[None, None].expand(tokens.shape[0], 1, -1, -1),
-                         position_ids=position_ids, use_cache=False,
-                         position_embeddings=self.rotary(inputs, position_ids))
-        return out[0] if isinstance(out, tuple) else out
+        return self(tokens, features, *causal(tokens.shape[1], tokens.device))
 
     def log_probs(self, features: torch.Tensor) -> torch.Tensor:
         """(q, V') log-probabilities of the next token from predicted features (q, H), over the draft
@@ -143,6 +137,152 @@ class EagleDrafter(nn.Module):
     def token_ids(self, indices: torch.Tensor) -> torch.Tensor:
         """The token ids of draft-vocabulary ``indices``."""
         return indices if self.vocab is None else self.vocab[indices]
+
+
+class Eagle3Drafter(nn.Module):
+    """EAGLE-3 (Li et al., 2025): ``fc`` (kH -> H, no bias) fuses the base's hidden states after k of
+    its decoder layers (``layer_ids``: a low, a middle and a high one); one Llama decoder layer
+    (``midlayer``) whose attention reads ``[input_layernorm(embedding) ; hidden_norm(feature)]`` (2H)
+    and whose residual stream is the feature; its own ``norm`` and ``lm_head`` over a draft
+    vocabulary (``vocab``: the token id of each draft index; None: the base's whole vocabulary).
+    The layer's output, before ``norm``, is the feature the next draft step reads. The module's
+    state dict is the published one's (``fc.weight``, ``midlayer.*``, ``norm.weight``, ``lm_head.weight``)."""
+
+    def __init__(self, model: nn.Module, config, layer_ids: Sequence[int], *,
+                 vocab: Sequence[int] | torch.Tensor | None = None, norm_before_residual: bool = False) -> None:
+        super().__init__()
+        from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
+
+        base = _text_config(model.config)
+        hidden, layers = base.hidden_size, base.num_hidden_layers
+        if config.hidden_size != hidden:
+            raise ValueError(f"an EAGLE-3 drafter of hidden size {config.hidden_size} cannot read a base of {hidden}")
+        layer_ids = tuple(int(i) for i in layer_ids)
+        if not layer_ids or any(not 0 <= i < layers for i in layer_ids):
+            raise ValueError(f"an EAGLE-3 drafter reads the outputs of decoder layers {list(layer_ids)}; the base "
+                             f"has layers 0..{layers - 1}")
+        self.config, self.layer_ids = config, layer_ids
+        self.aux_layers = tuple(i + 1 for i in layer_ids)      # their indices in the base's hidden_states
+        self.norm_before_residual = norm_before_residual
+        self.fc = nn.Linear(len(layer_ids) * hidden, hidden, bias=False)
+        self.midlayer = LlamaDecoderLayer(config, layer_idx=0)
+        attention = self.midlayer.self_attn
+        for name in ("q_proj", "k_proj", "v_proj"):         # the attention reads embedding and feature: 2H
+            setattr(attention, name, nn.Linear(2 * hidden, getattr(attention, name).out_features,
+                                               bias=bool(getattr(config, "attention_bias", False))))
+        self.midlayer.hidden_norm = LlamaRMSNorm(hidden, eps=config.rms_norm_eps)
+        self.norm = LlamaRMSNorm(hidden, eps=config.rms_norm_eps)
+        vocab = _checked_vocab(vocab, base.vocab_size)
+        self.lm_head = nn.Linear(hidden, base.vocab_size if vocab is None else len(vocab), bias=False)
+        self.rotary = LlamaRotaryEmbedding(config=config)
+        self.register_buffer("vocab", vocab, persistent=False)
+        self.base = [model]
+        self.to(device=model.device, dtype=model.dtype)
+
+    @property
+    def device(self) -> torch.device:
+        return self.fc.weight.device
+
+    @property
+    def embed(self) -> nn.Module:
+        return self.base[0].get_input_embeddings()
+
+    def from_base(self, features: torch.Tensor) -> torch.Tensor:
+        """The fused feature from the base's: its last layer's (first in ``features``, unread here)
+        and then those of ``layer_ids``."""
+        hidden = self.config.hidden_size
+        return self.fc(features[..., hidden:].to(self.fc.weight.dtype))
+
+    def forward(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
+                mask: torch.Tensor, cache: DynamicCache | None = None) -> torch.Tensor:
+        """As :meth:`EagleDrafter.forward`: the layer's outputs (..., q, H) for ``tokens`` read with
+        features ``hidden`` (fused ones, or the layer's own outputs one draft step before)."""
+        layer = self.midlayer
+        embedded = layer.input_layernorm(self.embed(tokens).to(self.fc.weight.dtype))
+        normed = layer.hidden_norm(hidden.to(self.fc.weight.dtype))
+        residual = normed if self.norm_before_residual else hidden.to(normed.dtype)
+
+        def body(x, *, attention_mask, position_ids, cache, position_embeddings):
+            attended, _ = layer.self_attn(hidden_states=x, position_embeddings=position_embeddings,
+                                          attention_mask=attention_mask, cache=cache)
+            out = residual + attended
+            return out + layer.mlp(layer.post_attention_layernorm(out))
+
+        return _run(torch.cat([embedded, normed], dim=-1), positions, mask, cache, self.rotary, body)
+
+    def log_probs(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(q, V') log-probabilities over the draft vocabulary of the layer's outputs (q, H)."""
+        return torch.log_softmax(self.lm_head(self.norm(hidden.to(self.fc.weight.dtype))).float(), dim=-1)
+
+    def token_ids(self, indices: torch.Tensor) -> torch.Tensor:
+        return indices if self.vocab is None else self.vocab[indices]
+
+
+def eagle3_config(model: nn.Module, draft_vocab: int | None = None):
+    """A Llama config for an EAGLE-3 drafter of ``model`` trained here: the base's width, heads,
+    MLP size, norm epsilon and rotary base, one layer."""
+    from transformers import LlamaConfig
+
+    base = _text_config(model.config)
+    hidden = base.hidden_size
+    heads = getattr(base, "num_attention_heads", None) or getattr(base, "n_head")
+    rope = dict(getattr(base, "rope_parameters", None) or {}) or {"rope_type": "default", "rope_theta": 10000.0}
+    if rope.get("rope_type", "default") != "default":          # the drafter's positions are plain rotary ones
+        rope = {"rope_type": "default", "rope_theta": rope.get("rope_theta", 10000.0)}
+    return LlamaConfig(hidden_size=hidden, num_hidden_layers=1, num_attention_heads=heads,
+                       num_key_value_heads=getattr(base, "num_key_value_heads", None) or heads,
+                       head_dim=getattr(base, "head_dim", None) or hidden // heads,
+                       intermediate_size=getattr(base, "intermediate_size", None) or 4 * hidden,
+                       rms_norm_eps=getattr(base, "rms_norm_eps", None) or 1e-6, rope_parameters=rope,
+                       max_position_embeddings=position_limit_of(base), vocab_size=base.vocab_size,
+                       draft_vocab_size=draft_vocab or base.vocab_size, tie_word_embeddings=False,
+                       attn_implementation="sdpa")
+
+
+def default_layer_ids(model: nn.Module) -> tuple[int, int, int]:
+    """EAGLE-3's low, middle and high layers of an L-layer base: the outputs of layers 1, L/2 - 1
+    and L - 4 (SpecForge's default; the official code's hidden states 2, L/2 and L - 3)."""
+    layers = _text_config(model.config).num_hidden_layers
+    return tuple(sorted((min(1, layers - 1), max(layers // 2 - 1, 0), max(layers - 4, 0))))
+
+
+def position_limit_of(config) -> int:
+    return int(getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None) or 4096)
+
+
+def _text_config(config):
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def _checked_vocab(vocab, size: int) -> torch.Tensor | None:
+    """A draft vocabulary as a tensor of distinct token ids below ``size`` (None: the whole one)."""
+    if vocab is None:
+        return None
+    vocab = torch.as_tensor(vocab, dtype=torch.long)
+    if vocab.ndim != 1 or not len(vocab) or len(set(vocab.tolist())) != len(vocab) \
+            or int(vocab.min()) < 0 or int(vocab.max()) >= size:
+        raise ValueError(f"a draft vocabulary is distinct token ids below {size}")
+    return vocab
+
+
+def causal(steps: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Positions (1, steps) and mask (1, steps, steps) of a plain causal pass with no cache."""
+    return (torch.arange(steps, device=device)[None],
+            torch.ones(steps, steps, dtype=torch.bool, device=device).tril()[None])
+
+
+def _run(inputs: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache, rotary, body) -> torch.Tensor:
+    """``body`` (a decoder layer's step) over ``inputs`` (q, D) or (B, q, D) with the boolean
+    ``mask`` made additive and the rotary embedding of ``positions``; unbatched in, unbatched out."""
+    single = inputs.ndim == 2
+    if single:
+        inputs, positions, mask = inputs[None], positions[None], mask[None]
+    additive = torch.zeros(mask.shape, dtype=inputs.dtype, device=inputs.device)
+    additive.masked_fill_(~mask, torch.finfo(inputs.dtype).min)
+    out = body(inputs, attention_mask=additive[:, None], position_ids=positions, cache=cache,
+               position_embeddings=rotary(inputs, positions))
+    out = out[0] if isinstance(out, tuple) else out
+    return out[0] if single else out
 
 
 def _unserved(decoder: nn.Module) -> str | None:
@@ -164,7 +304,7 @@ def _unserved(decoder: nn.Module) -> str | None:
 
 def _one_layer(config):
     """The base's text config with one hidden layer (the drafter's own)."""
-    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    config = _text_config(config)
     one = type(config).from_dict(config.to_dict())
     one.num_hidden_layers = 1
     one._attn_implementation = "sdpa" if config._attn_implementation == "flex_attention" else config._attn_implementation
@@ -212,13 +352,13 @@ class EagleSource:
             self.first = self.next = first
         elif first != self.next:
             raise ValueError(f"the drafter's text ends at position {self.next}, the step's features start at {first}")
-        device = self.drafter.fc.weight.device
+        device = self.drafter.device
         tokens = torch.tensor(context[first + 1:], device=device)
         positions = torch.arange(first, first + len(tokens), device=device)
         past = self.cache.get_seq_length()
         mask = torch.ones(len(tokens), past + len(tokens), dtype=torch.bool, device=device)
         mask[:, past:] = torch.ones(len(tokens), len(tokens), dtype=torch.bool, device=device).tril()
-        out = self.drafter(tokens, features, positions, mask, self.cache)
+        out = self.drafter(tokens, self.drafter.from_base(features), positions, mask, self.cache)
         self.next = first + len(tokens)
         self.root = out[-1]
         self._count(start)
@@ -236,7 +376,7 @@ class EagleSource:
     def _count(self, start: float) -> None:
         """Add the seconds since ``start`` to ``seconds``, once the drafter's device has done the
         work queued (a GPU runs it asynchronously; the next tree needs it anyway)."""
-        device = self.drafter.fc.weight.device
+        device = self.drafter.device
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         self.seconds += time.perf_counter() - start
@@ -244,7 +384,7 @@ class EagleSource:
     def _grow(self) -> list[_Node]:
         """Every node the levels generated (their ``width`` best per level expanded, ``width``
         children each)."""
-        drafter, device = self.drafter, self.drafter.fc.weight.device
+        drafter, device = self.drafter, self.drafter.device
         nodes: list[_Node] = []
         log_probs = drafter.log_probs(self.root[None])[0]
         width = min(self.width, log_probs.shape[-1])
@@ -313,67 +453,162 @@ def _ancestors(nodes: list[_Node], n: int) -> list[int]:
 # The published layout
 
 
-def save_drafter(drafter: EagleDrafter, directory: str | Path, training: dict | None = None) -> Path:
-    """Write ``drafter`` in EAGLE's published layout (``config.json`` and ``model.safetensors``)."""
+def save_drafter(drafter: EagleDrafter | Eagle3Drafter, directory: str | Path, training: dict | None = None) -> Path:
+    """Write ``drafter`` in EAGLE's published layout (``config.json`` and ``model.safetensors``): an
+    EAGLE-3 drafter as the official code and SpecForge write theirs (``midlayer.*``; the layer ids
+    in ``eagle_config``), an EAGLE-1/2 one with ``layers.0.*``."""
     from safetensors.torch import save_file
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     config = drafter.config.to_dict()
-    config.update(num_hidden_layers=1, bias=drafter.fc.bias is not None, architectures=["LlamaForCausalLM"])
+    if isinstance(drafter, Eagle3Drafter):
+        config.update(architectures=[SPECFORGE], num_hidden_layers=1, norm_before_residual=drafter.norm_before_residual,
+                      draft_vocab_size=drafter.lm_head.out_features,
+                      eagle_config={"eagle_aux_hidden_state_layer_ids": list(drafter.layer_ids)})
+        state = dict(drafter.state_dict())
+    else:
+        config.update(num_hidden_layers=1, bias=drafter.fc.bias is not None, architectures=["LlamaForCausalLM"])
+        state = {f"fc.{k}": v for k, v in drafter.fc.state_dict().items()}
+        state |= {f"layers.0.{k}": v for k, v in drafter.layer.state_dict().items()}
+        if drafter.vocab is not None:
+            config["draft_vocab_size"] = len(drafter.vocab)
+    config.pop("_attn_implementation_autoset", None)
     if training is not None:
         config["training"] = training
-    state = {f"fc.{k}": v for k, v in drafter.fc.state_dict().items()}
-    state |= {f"layers.0.{k}": v for k, v in drafter.layer.state_dict().items()}
-    if drafter.vocab is not None:             # EAGLE-3's convention: token = draft index + d2t[draft index]
-        config["draft_vocab_size"] = len(drafter.vocab)
+    if drafter.vocab is not None:       # the token of draft index i is i + d2t[i]; t2d marks the tokens drafted
         state["d2t"] = drafter.vocab.cpu() - torch.arange(len(drafter.vocab))
+        state["t2d"] = torch.zeros(config["vocab_size"], dtype=torch.bool).index_fill_(0, drafter.vocab.cpu(), True)
     save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(directory / WEIGHT_FILES[0]))
     (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True, default=str))
     return directory
 
 
-def load_drafter(directory: str | Path, model: nn.Module) -> EagleDrafter:
-    """The drafter saved in ``directory`` (EAGLE's published layout), on ``model``; a checkpoint made
-    for another base (hidden size, vocabulary, layer shapes, embeddings) is refused, naming why."""
+SPECFORGE = "LlamaForCausalLMEagle3"
+SPECULATORS = "Eagle3Speculator"
+
+
+def load_drafter(directory: str | Path, model: nn.Module) -> EagleDrafter | Eagle3Drafter:
+    """The drafter saved in ``directory`` on ``model``: EAGLE-1/2's published layout, or EAGLE-3's
+    (the official one, SpecForge's ``LlamaForCausalLMEagle3``, vLLM speculators' ``Eagle3Speculator``).
+    A checkpoint made for another base (hidden size, vocabulary, layer ids, layer shapes,
+    embeddings) is refused, naming why."""
     directory = Path(directory)
     config_path = directory / CONFIG_FILE
     if not config_path.is_file():
         raise ValueError(f"{directory} holds no {CONFIG_FILE}: not an EAGLE drafter")
     config = json.loads(config_path.read_text())
-    base = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    for key in ("hidden_size", "vocab_size"):
-        if key in config and config[key] != getattr(base, key):
-            raise ValueError(f"the EAGLE drafter in {directory} was made for {key}={config[key]}, the base has "
-                             f"{getattr(base, key)}")
-    if config.get("num_hidden_layers", 1) != 1:
-        raise ValueError(f"the EAGLE drafter in {directory} has {config['num_hidden_layers']} layers; one is served")
     state = _read_weights(directory)
-    d2t = state.pop("d2t", None)
-    vocab = None if d2t is None else torch.arange(len(d2t)) + d2t.long()
-    if vocab is not None and config.get("draft_vocab_size", len(vocab)) != len(vocab):
-        raise ValueError(f"the EAGLE drafter in {directory}: draft_vocab_size {config['draft_vocab_size']} but d2t "
-                         f"has {len(vocab)} entries")
-    drafter = EagleDrafter(model, bias="fc.bias" in state, vocab=vocab)
-    for key, mine in (("embed_tokens.weight", drafter.embed.weight), ("lm_head.weight", getattr(drafter.lm_head, "weight", None))):
-        if key in state:
-            theirs = state.pop(key)
-            if mine is None or theirs.shape != mine.shape or not torch.allclose(theirs.to(mine), mine, atol=1e-3):
-                raise ValueError(f"the EAGLE drafter in {directory} carries {key} that is not the base's own")
-    ours = {f"fc.{k}": v for k, v in drafter.fc.state_dict().items()}
-    ours |= {f"layers.0.{k}": v for k, v in drafter.layer.state_dict().items()}
-    missing, unexpected = sorted(set(ours) - set(state)), sorted(set(state) - set(ours))
-    if missing or unexpected:
-        raise ValueError(f"the EAGLE drafter in {directory} does not fit {type(model).__name__}'s decoder layer: "
-                         f"missing {missing[:5]}, unexpected {unexpected[:5]}")
-    for key, value in state.items():
-        if value.shape != ours[key].shape:
-            raise ValueError(f"the EAGLE drafter in {directory}: {key} is {tuple(value.shape)}, the base's layer "
-                             f"needs {tuple(ours[key].shape)}")
-    drafter.fc.load_state_dict({k[3:]: v for k, v in state.items() if k.startswith("fc.")})
-    drafter.layer.load_state_dict({k[9:]: v for k, v in state.items() if k.startswith("layers.0.")})
+    speculators = SPECULATORS in config.get("architectures", []) or "speculators_model_type" in config
+    if speculators or any(k.startswith("midlayer.") for k in state):
+        drafter = _load_eagle3(directory, config, state, model, speculators)
+    else:
+        drafter = _load_eagle(directory, config, state, model)
     drafter.training_record = config.get("training")
     return drafter.to(device=model.device, dtype=model.dtype)
+
+
+def _refuse(directory: Path, why: str) -> ValueError:
+    return ValueError(f"the EAGLE drafter in {directory} {why}")
+
+
+def _fits_base(directory: Path, config: dict, model: nn.Module) -> None:
+    base = _text_config(model.config)
+    for key in ("hidden_size", "vocab_size", "target_hidden_size"):
+        theirs = config.get(key)
+        ours = getattr(base, "hidden_size" if key == "target_hidden_size" else key)
+        if theirs is not None and theirs != ours:
+            raise _refuse(directory, f"was made for {key}={theirs}, the base has {ours}")
+    if config.get("num_hidden_layers", 1) != 1:
+        raise _refuse(directory, f"has {config['num_hidden_layers']} layers; one is served")
+
+
+def _draft_vocab(directory: Path, config: dict, state: dict, size: int) -> torch.Tensor | None:
+    """The draft vocabulary from ``d2t`` (and ``t2d``, which must agree), popped from ``state``."""
+    d2t, t2d = state.pop("d2t", None), state.pop("t2d", None)
+    if d2t is None:
+        if t2d is not None and not bool(t2d.all()):
+            raise _refuse(directory, "has a t2d map without the d2t map")
+        return None
+    vocab = torch.arange(len(d2t)) + d2t.long()
+    if config.get("draft_vocab_size", len(vocab)) != len(vocab):
+        raise _refuse(directory, f"says draft_vocab_size {config['draft_vocab_size']} but d2t has {len(vocab)} entries")
+    if len(vocab) and (int(vocab.min()) < 0 or int(vocab.max()) >= size):
+        raise _refuse(directory, f"maps draft tokens outside the base's vocabulary of {size}")
+    if t2d is not None:
+        if len(t2d) != size or sorted(t2d.nonzero().flatten().tolist()) != sorted(vocab.tolist()):
+            raise _refuse(directory, "has d2t and t2d maps that disagree")
+    if len(vocab) == size and bool((vocab == torch.arange(size)).all()):
+        return None                     # the whole vocabulary, in order
+    return vocab
+
+
+def _same_as_base(directory: Path, state: dict, key: str, mine: torch.Tensor | None) -> None:
+    """Pop ``key`` (a copy of a base weight the drafter uses by reference); refuse one that differs."""
+    if key in state:
+        theirs = state.pop(key)
+        if mine is None or theirs.shape != mine.shape or not torch.allclose(theirs.to(mine), mine, atol=1e-3):
+            raise _refuse(directory, f"carries {key} that is not the base's own")
+
+
+def _load_into(directory: Path, module: nn.Module, state: dict, owner: str) -> None:
+    """Load ``state`` into ``module``, refusing a missing, unexpected or misshapen weight."""
+    ours = module.state_dict()
+    missing, unexpected = sorted(set(ours) - set(state)), sorted(set(state) - set(ours))
+    if missing or unexpected:
+        raise _refuse(directory, f"does not fit {owner}: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    for key, value in state.items():
+        if value.shape != ours[key].shape:
+            raise _refuse(directory, f"has {key} of shape {tuple(value.shape)}; {owner} needs {tuple(ours[key].shape)}")
+    module.load_state_dict(state)
+
+
+def _load_eagle(directory: Path, config: dict, state: dict, model: nn.Module) -> EagleDrafter:
+    _fits_base(directory, config, model)
+    vocab = _draft_vocab(directory, config, state, _text_config(model.config).vocab_size)
+    drafter = EagleDrafter(model, bias="fc.bias" in state, vocab=vocab)
+    _same_as_base(directory, state, "embed_tokens.weight", drafter.embed.weight)
+    _same_as_base(directory, state, "lm_head.weight", getattr(drafter.lm_head, "weight", None))
+    mine = nn.ModuleDict({"fc": drafter.fc, "layers": nn.ModuleList([drafter.layer])})
+    _load_into(directory, mine, state, f"{type(model).__name__}'s decoder layer")
+    return drafter
+
+
+def _load_eagle3(directory: Path, config: dict, state: dict, model: nn.Module, speculators: bool) -> Eagle3Drafter:
+    from transformers import LlamaConfig
+
+    base = _text_config(model.config)
+    if speculators:             # vLLM speculators: the layer's config nested, its weights under layers.0
+        layer = dict(config.get("transformer_layer_config") or {})
+        if layer.get("model_type", "llama") != "llama":
+            raise _refuse(directory, f"has a {layer['model_type']} layer; EAGLE-3's Llama layer is served")
+        ids = config.get("eagle_aux_hidden_state_layer_ids")       # counted as inputs of layers: hidden_states
+        ids = None if ids is None else [i - 1 for i in ids]
+        state = {("midlayer." + k[len("layers.0."):] if k.startswith("layers.0.") else k): v for k, v in state.items()}
+        layer |= {k: config[k] for k in ("draft_vocab_size", "target_hidden_size") if k in config}
+    else:                       # the official layout and SpecForge's: a Llama config with one layer
+        layer = config
+        ids = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    unserved = [o for o in ("fc_norm", "norm_before_fc", "input_norm") if config.get(o) or layer.get(o)]
+    if speculators and config.get("norm_output"):       # speculators: the normed output fed back
+        unserved.append("norm_output")
+    if unserved:
+        raise _refuse(directory, f"sets {', '.join(unserved)}: a variant of the EAGLE-3 layer not served here")
+    _fits_base(directory, layer, model)
+    ids = default_layer_ids(model) if ids is None else ids
+    vocab = _draft_vocab(directory, layer, state, base.vocab_size)
+    fc = state.get("fc.weight")
+    if fc is not None and fc.shape[1] != len(ids) * base.hidden_size:
+        raise _refuse(directory, f"fuses {fc.shape[1]} feature columns; its layer ids {list(ids)} give "
+                                 f"{len(ids)} x {base.hidden_size}")
+    llama = LlamaConfig.from_dict({k: v for k, v in layer.items() if k not in ("architectures", "eagle_config", "training")})
+    llama.num_hidden_layers = 1
+    llama._attn_implementation = "sdpa"
+    drafter = Eagle3Drafter(model, llama, ids, vocab=vocab,
+                            norm_before_residual=bool(config.get("norm_before_residual", False)))
+    _same_as_base(directory, state, "embed_tokens.weight", drafter.embed.weight)
+    _load_into(directory, drafter, state, "an EAGLE-3 Llama layer of the base's width")
+    return drafter
 
 
 def _read_weights(directory: Path) -> dict[str, torch.Tensor]:

@@ -114,10 +114,17 @@ class CausalLM:
                              f"not at {position}")
         return self.forward_batch(cache, [Feed(tokens, offsets, visible, position, logit_rows)])[0]
 
+    @property
+    def feature_layers(self) -> tuple[int, ...]:
+        """The base's hidden states a step with ``hidden`` returns, side by side (r, k * H): the last
+        (after the final norm: what the LM head reads), then those a drafter fuses (EAGLE-3's
+        ``aux_layers``, indices into ``hidden_states``)."""
+        return (-1, *(i for d in self.drafters.values() for i in getattr(d, "aux_layers", ())))
+
     def forward_batch(self, cache: DynamicCache, feeds: list[Feed], hidden: bool = False):
         """One forward over every sequence of the batch (``feeds[b]`` is cache row b); logits per sequence
-        (with ``hidden``: ``(logits, last hidden states)`` per sequence, of its ``logit_rows`` and its
-        ``hidden_rows``).
+        (with ``hidden``: ``(logits, hidden states)`` per sequence, of its ``logit_rows`` and its
+        ``hidden_rows``: the last layer's, and any other :attr:`feature_layers`' beside them).
 
         Feeds are right-padded to the longest; a padding row sits at the sequence's ``position`` and
         sees only itself. The step's KV lands in slots ``past .. past + q - 1`` of every row
@@ -177,7 +184,8 @@ class CausalLM:
         per_feed = [logits[0]] if len(feeds) == 1 else [logits[b, on[f"pick{b}"]] for b in range(len(feeds))]
         if not hidden:
             return per_feed
-        states = out.hidden_states[-1]                  # after the final norm: what the LM head reads
+        layers = self.feature_layers
+        states = out.hidden_states[-1] if len(layers) == 1 else torch.cat([out.hidden_states[i] for i in layers], -1)
         return [(lg, states[b, on[f"rows{b}"]]) for b, lg in enumerate(per_feed)]
 
 

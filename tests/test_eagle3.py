@@ -1,0 +1,258 @@
+"""EAGLE-3 drafters (lookahead_core/eagle.py: Eagle3Drafter): the base's hidden states after three of
+its layers fused, a Llama layer of its own, its own head over a draft vocabulary. The tree it grows
+is verified like any draft, so decoding stays token-identical to greedy in fp32 on the tiny
+families (bases EAGLE-1 cannot serve included: its layer is not the base's), alone and mixed, in a
+batch and across turns; sampling keeps the distribution; the step hands it exactly the layers it
+reads. Its three published layouts (the official one, SpecForge's, vLLM speculators') load from
+fixtures written here by hand, a drafter saved here loads again, and a checkpoint for another base
+is refused with the reason."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from lookahead_core import CausalLM, DecodeLimits, SamplingConfig, decode, decode_batch
+from lookahead_core.drafts import StepOutcome
+from lookahead_core.eagle import Eagle3Drafter, EagleSource, default_layer_ids, eagle3_config, load_drafter, save_drafter
+from lookahead_core.sources import register_source, unregister_source
+from experiments.models.loader import tiny_random_model
+from test_eagle import CONFIGS, EAGLE, NEW
+from test_medusa import OutcomeSpy, prompt_for
+from tiny_families import tiny_family_model
+
+FAMILIES = ["llama", "qwen2", "qwen3", "gemma2", "phi3", "gpt_neox", "cohere",
+            "gpt2", "opt", "gemma3"]            # the last three: bases EAGLE-1's own-architecture layer refuses
+
+
+def eagle3_for(model, kind: str, seed: int = 0, vocab=None) -> Eagle3Drafter:
+    """``repeat``: fc passes the last layer's feature (after the final norm: what the base's head
+    reads) through, attention and MLP add nothing, and the head is the base's: the first draft is
+    the token the base chose last, again (the teeth of the comparisons); ``random``: random weights."""
+    torch.manual_seed(seed)
+    layers = model.config.get_text_config().num_hidden_layers
+    ids = (0, 0, layers - 1) if kind == "repeat" else default_layer_ids(model)
+    drafter = Eagle3Drafter(model, eagle3_config(model, None if vocab is None else len(vocab)), ids, vocab=vocab)
+    if kind == "repeat":
+        hidden = drafter.config.hidden_size
+        head = model.get_output_embeddings().weight
+        with torch.no_grad():
+            drafter.fc.weight.zero_()
+            drafter.fc.weight[:, 2 * hidden:] = torch.eye(hidden)
+            drafter.midlayer.self_attn.o_proj.weight.zero_()
+            drafter.midlayer.mlp.down_proj.weight.zero_()
+            drafter.lm_head.weight.copy_(head if vocab is None else head[torch.as_tensor(vocab)])
+    return drafter
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_eagle3_trees_equal_greedy_on_the_tiny_families(family):
+    model = tiny_family_model(family, seed=3)
+    reference_lm = CausalLM(model)
+    accepted = 0
+    for kind in ("repeat", "random"):
+        lm = CausalLM(model, drafters={"eagle": eagle3_for(model, kind)})
+        for p, config in enumerate(CONFIGS):
+            prompt = prompt_for(model.config.vocab_size, p)
+            reference = decode(reference_lm, prompt, None, DecodeLimits(max_new_tokens=NEW)).tokens
+            out = decode(lm, prompt, config, DecodeLimits(max_new_tokens=NEW))
+            assert out.tokens == reference, (family, kind, config)
+            table = {(r["source"], r["depth"]): r for r in out.stats.drafts.counts.table()}
+            assert table[("eagle", 1)]["fed"] > 0 and out.stats.draft_seconds > 0
+            accepted += sum(r["accepted"] for (s, _), r in table.items() if s == "eagle")
+    assert accepted > 0, "no EAGLE-3 draft was ever accepted: the comparison had no teeth"
+
+
+def test_eagle3_in_a_batch_and_across_turns_equals_greedy():
+    model = tiny_random_model("llama", seed=2)
+    lm = CausalLM(model, drafters={"eagle": eagle3_for(model, "repeat", vocab=list(range(0, 128, 2)))})
+    limits = DecodeLimits(max_new_tokens=NEW)
+    prompts = [prompt_for(128, s, length) for s, length in ((0, 9), (1, 30), (2, 17))]
+    for prompt, out in zip(prompts, decode_batch(lm, prompts, CONFIGS[1], limits)):
+        assert out.tokens == decode(lm, prompt, CONFIGS[1], limits).tokens == decode(model, prompt, None, limits).tokens
+    first = decode(lm, prompts[1], CONFIGS[1], limits)
+    turn2 = prompts[1] + first.tokens + [3, 1, 4, 1, 5]
+    second = decode(lm, turn2, CONFIGS[1], limits, state=first.state)
+    assert second.stats.prefill_tokens == 6 and second.tokens == decode(model, turn2, None, limits).tokens
+
+
+def test_the_step_hands_the_last_layer_and_the_fused_layers_side_by_side():
+    """With an EAGLE-3 drafter on the model, a features source gets, per committed row, the last
+    hidden state then those after the drafter's layers (as one forward over the text gives them),
+    and a hidden-state source (Medusa's) still gets the last layer's alone."""
+    register_source("fspyx", label="fspyx", features=True)(OutcomeSpy)
+    try:
+        OutcomeSpy.seen = []
+        model = tiny_family_model("qwen2", seed=5, num_hidden_layers=5)
+        drafter = Eagle3Drafter(model, eagle3_config(model), (0, 2, 4))
+        lm = CausalLM(model, drafters={"eagle": drafter})
+        assert lm.feature_layers == (-1, *drafter.aux_layers) == (-1, 1, 3, 5)
+        prompt = [3, 4, 5, 6, 3, 4, 5, 6, 3, 4, 5, 6, 7, 8, 3, 4]
+        config = dataclasses.replace(EAGLE, sources={"eagle": 6, "suffix": 3, "fspyx": 1})
+        out = decode(lm, prompt, config, DecodeLimits(max_new_tokens=30))
+        with torch.inference_mode():
+            states = model(torch.tensor([prompt + out.tokens]), output_hidden_states=True).hidden_states
+        full = torch.cat([states[i][0] for i in lm.feature_layers], -1)
+        for context, hidden, features in OutcomeSpy.seen:
+            first = len(context) - 1 - len(features)
+            torch.testing.assert_close(features, full[first:len(context) - 1], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(hidden, states[-1][0][len(context) - 2], atol=1e-5, rtol=1e-5)
+        assert len(OutcomeSpy.seen) > 3
+    finally:
+        unregister_source("fspyx")
+
+
+def test_eagle3_sampling_keeps_the_distribution():
+    from test_sampling import DRAWS, VOCAB, chi_square_pvalue, draw, exact_distribution
+
+    model = tiny_random_model("llama", seed=0, vocab_size=VOCAB, initializer_range=0.05)
+    lm = CausalLM(model, drafters={"eagle": eagle3_for(model, "repeat")})
+    sampling = SamplingConfig(temperature=1.0)
+    counts, multi = draw(lm, EAGLE, sampling)
+    assert multi > DRAWS // 10, "the drafter's tree was rarely accepted: the verifier was hardly exercised"
+    assert chi_square_pvalue(counts, exact_distribution(model, sampling), DRAWS) > 1e-3
+
+
+def test_the_fused_feature_and_the_drafters_own_output_take_their_routes():
+    """fc reads only the fused layers' columns (the last layer's are not its input); the next draft
+    step reads the layer's output before ``norm``; the head scores the draft vocabulary only."""
+    model = tiny_random_model("llama", seed=1)
+    vocab = list(range(5, 128, 4))
+    drafter = eagle3_for(model, "random", vocab=vocab)
+    hidden = model.config.hidden_size
+    features = torch.randn(3, 4 * hidden)
+    changed = features.clone()
+    changed[:, :hidden] = 7.0
+    torch.testing.assert_close(drafter.from_base(features), drafter.from_base(changed))
+    source = EagleSource(drafter, size=10, depth=3)
+    text = prompt_for(128, 4, 16)
+    with torch.inference_mode():
+        states = model(torch.tensor([text]), output_hidden_states=True).hidden_states
+    source.update(StepOutcome(text, len(text), text[-1],
+                              features=torch.cat([states[i][0] for i in (-1, *drafter.aux_layers)], -1)[:-1]))
+    assert {t for d in source.propose(text) for t in d.tokens} <= set(vocab)
+    assert drafter.log_probs(source.root[None]).shape == (1, len(vocab))
+
+
+# ---------------------------------------------------------------------------------------------
+# The published layouts, written by hand
+
+
+def _llama_fields(drafter: Eagle3Drafter) -> dict:
+    c = drafter.config
+    return {"model_type": "llama", "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
+            "num_attention_heads": c.num_attention_heads, "num_key_value_heads": c.num_key_value_heads,
+            "num_hidden_layers": 1, "rms_norm_eps": c.rms_norm_eps, "rope_theta": c.rope_parameters["rope_theta"],
+            "max_position_embeddings": c.max_position_embeddings, "vocab_size": c.vocab_size,
+            "draft_vocab_size": drafter.lm_head.out_features, "tie_word_embeddings": False}
+
+
+def write_layout(folder, model, drafter: Eagle3Drafter, layout: str, **config_changes) -> None:
+    """``drafter`` as each project publishes it: ``official`` (EAGLE's: a LlamaForCausalLM config, no
+    layer ids, ``midlayer.*``, ``pytorch_model.bin``), ``specforge`` (``LlamaForCausalLMEagle3``, the
+    layer ids in ``eagle_config``), ``speculators`` (``Eagle3Speculator``: the layer's config nested,
+    the ids counted as hidden-state indices, ``layers.0.*``, the base's embeddings saved)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().clone() for k, v in drafter.state_dict().items()}
+    if drafter.vocab is not None:
+        state["d2t"] = drafter.vocab - torch.arange(len(drafter.vocab))
+        state["t2d"] = torch.zeros(model.config.vocab_size, dtype=torch.bool)
+        state["t2d"][drafter.vocab] = True
+    if layout == "official":
+        config = {"architectures": ["LlamaForCausalLM"], **_llama_fields(drafter)}
+    elif layout == "specforge":
+        config = {"architectures": ["LlamaForCausalLMEagle3"], **_llama_fields(drafter),
+                  "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(drafter.layer_ids)}}
+    else:
+        config = {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
+                  "transformer_layer_config": _llama_fields(drafter),
+                  "draft_vocab_size": drafter.lm_head.out_features, "norm_before_residual": False,
+                  "target_hidden_size": drafter.config.hidden_size,
+                  "eagle_aux_hidden_state_layer_ids": [i + 1 for i in drafter.layer_ids],
+                  "speculators_config": {"algorithm": "eagle3", "verifier": {"name_or_path": "tiny"}}}
+        state = {("layers.0." + k[len("midlayer."):] if k.startswith("midlayer.") else k): v for k, v in state.items()}
+        state["embed_tokens.weight"] = model.get_input_embeddings().weight.detach().clone()
+    config.update(config_changes)
+    (folder / "config.json").write_text(json.dumps(config))
+    if layout == "official":
+        torch.save(state, folder / "pytorch_model.bin")
+    else:
+        from safetensors.torch import save_file
+
+        save_file(state, str(folder / "model.safetensors"))
+
+
+@pytest.mark.parametrize("layout", ["official", "specforge", "speculators"])
+def test_each_published_eagle3_layout_loads_and_drafts_as_its_weights_say(tmp_path, layout):
+    model = tiny_random_model("llama", seed=8, num_hidden_layers=6)
+    ids = (1, 2, 2) if layout == "official" else (0, 3, 5)          # the official layout names none: the default
+    assert default_layer_ids(model) == (1, 2, 2)
+    original = Eagle3Drafter(model, eagle3_config(model, 40), ids, vocab=list(range(3, 123, 3)))
+    write_layout(tmp_path / layout, model, original, layout)
+    loaded = load_drafter(tmp_path / layout, model)
+    assert isinstance(loaded, Eagle3Drafter) and loaded.layer_ids == ids and loaded.vocab.tolist() == original.vocab.tolist()
+    for key, value in original.state_dict().items():
+        torch.testing.assert_close(loaded.state_dict()[key], value)
+    prompt = prompt_for(128, 9)
+    runs = [decode(CausalLM(model, drafters={"eagle": d}), prompt, CONFIGS[1], DecodeLimits(max_new_tokens=NEW))
+            for d in (original, loaded)]
+    assert runs[0].tokens == runs[1].tokens == decode(model, prompt, None, DecodeLimits(max_new_tokens=NEW)).tokens
+    assert runs[0].stats.accepted == runs[1].stats.accepted
+
+
+def test_an_eagle3_drafter_saved_here_loads_again_and_decodes_the_same_tokens(tmp_path):
+    model = tiny_random_model("llama", seed=8)
+    drafter = eagle3_for(model, "repeat", vocab=list(range(0, 128, 2)))
+    save_drafter(drafter, tmp_path / "mine", training={"steps": 3})
+    config = json.loads((tmp_path / "mine" / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["draft_vocab_size"] == 64
+    loaded = load_drafter(tmp_path / "mine", model)
+    assert loaded.training_record == {"steps": 3} and loaded.layer_ids == drafter.layer_ids
+    prompt = prompt_for(128, 2)
+    runs = [decode(CausalLM(model, drafters={"eagle": d}), prompt, EAGLE, DecodeLimits(max_new_tokens=NEW))
+            for d in (drafter, loaded)]
+    assert runs[0].tokens == runs[1].tokens and runs[0].stats.accepted == runs[1].stats.accepted
+    assert sum(runs[0].stats.accepted) > len(runs[0].stats.accepted)        # drafts were accepted: teeth
+
+
+@pytest.mark.parametrize("layout,change,why", [
+    ("specforge", {"hidden_size": 32}, "hidden_size=32"),
+    ("official", {"vocab_size": 1000}, "vocab_size=1000"),
+    ("speculators", {"target_hidden_size": 128}, "target_hidden_size=128"),
+    ("specforge", {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 9]}}, r"layers 0\.\.5"),
+    ("specforge", {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2]}}, "fuses 192 feature columns"),
+    ("specforge", {"draft_vocab_size": 50}, "draft_vocab_size 50 but d2t has 40"),
+    ("speculators", {"transformer_layer_config": {"model_type": "qwen3"}}, "qwen3 layer"),
+    ("speculators", {"fc_norm": True}, "fc_norm"),
+], ids=["hidden", "vocab", "target-hidden", "layer-id", "fc-width", "draft-vocab", "layer-type", "variant"])
+def test_an_eagle3_checkpoint_for_another_base_is_refused(tmp_path, layout, change, why):
+    model = tiny_random_model("llama", seed=8, num_hidden_layers=6)
+    drafter = Eagle3Drafter(model, eagle3_config(model, 40), (0, 3, 5), vocab=list(range(3, 123, 3)))
+    write_layout(tmp_path / layout, model, drafter, layout, **change)
+    with pytest.raises(ValueError, match=why):
+        load_drafter(tmp_path / layout, model)
+
+
+def test_eagle3_weights_that_do_not_fit_are_refused(tmp_path):
+    model = tiny_random_model("llama", seed=8, num_hidden_layers=6)
+    other = tiny_random_model("llama", seed=9, num_hidden_layers=6)
+    write_layout(tmp_path / "embed", other, Eagle3Drafter(other, eagle3_config(other), (0, 3, 5)), "speculators")
+    with pytest.raises(ValueError, match="embed_tokens.weight that is not the base's own"):
+        load_drafter(tmp_path / "embed", model)
+    drafter = Eagle3Drafter(model, eagle3_config(model, 40), (0, 3, 5), vocab=list(range(3, 123, 3)))
+    write_layout(tmp_path / "maps", model, drafter, "specforge")
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(str(tmp_path / "maps" / "model.safetensors"))
+    state["t2d"][0] = True                                              # a token d2t does not map
+    save_file(state, str(tmp_path / "maps" / "model.safetensors"))
+    with pytest.raises(ValueError, match="d2t and t2d maps that disagree"):
+        load_drafter(tmp_path / "maps", model)
+    state = load_file(str(tmp_path / "maps" / "model.safetensors"))
+    del state["midlayer.hidden_norm.weight"], state["t2d"]
+    save_file(state, str(tmp_path / "maps" / "model.safetensors"))
+    with pytest.raises(ValueError, match="missing .*hidden_norm"):
+        load_drafter(tmp_path / "maps", model)
