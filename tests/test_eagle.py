@@ -291,7 +291,7 @@ def test_training_saves_a_drafter_with_its_curve_and_acceptance_and_resumes(tmp_
 
     out = tmp_path / "eagle"
     args = ["eagle", "model=tiny_llama", f"out={out}", "tokens=6000", "batch=2", "eval_every=3", "depth=3",
-            "draft_vocab=40"]
+            "draft_vocab=40", "version=1"]
     monkeypatch.setattr(sys, "argv", args + ["steps=6"])
     tool.main()
     config = json.loads((out / "config.json").read_text())
@@ -305,7 +305,7 @@ def test_training_saves_a_drafter_with_its_curve_and_acceptance_and_resumes(tmp_
     resumes_from_step_6_to_9(tool.main, args, out, capsys, monkeypatch)
     model = tiny_random_model("llama")
     loaded = load_drafter(out, model)
-    assert len(loaded.vocab) == 40
+    assert isinstance(loaded, EagleDrafter) and len(loaded.vocab) == 40 and record["version"] == 1
     lm = CausalLM(model, drafters={"eagle": loaded})
     prompt = prompt_for(128, 9)
     assert decode(lm, prompt, EAGLE, DecodeLimits(max_new_tokens=20)).tokens == \
@@ -314,7 +314,8 @@ def test_training_saves_a_drafter_with_its_curve_and_acceptance_and_resumes(tmp_
 
 @pytest.mark.parametrize("override, key", [("tokens=-5", "tokens"), ("ce_weight=0", "ce_weight"),
                                            ("depth=300", "depth"), ("draft_vocab=-1", "draft_vocab"),
-                                           ("model=nowhere", "model")])
+                                           ("model=nowhere", "model"), ("version=2", "version"), ("ttt=0", "ttt"),
+                                           ("version=1 layer_ids=[1,2]", "layer_ids"), ("layer_ids=[-1]", "layer_ids")])
 def test_a_bad_training_config_is_refused_in_one_line_naming_the_key(override, key):
     refused_in_one_line("experiments.tools.eagle", override, key)
 

@@ -256,3 +256,65 @@ def test_eagle3_weights_that_do_not_fit_are_refused(tmp_path):
     save_file(state, str(tmp_path / "maps" / "model.safetensors"))
     with pytest.raises(ValueError, match="missing .*hidden_norm"):
         load_drafter(tmp_path / "maps", model)
+
+
+# ---------------------------------------------------------------------------------------------
+# Training here: python -m experiments.tools.eagle version=3
+
+
+def test_the_training_time_test_unrolls_drafting_exactly_as_the_tree_runs_it():
+    """``rollout``'s step k at start t equals the drafter run incrementally as the source runs it:
+    the text up to t fed with the base's features, then the chain t + 2, t + 3, ... fed with its own
+    outputs, each at its position, seeing the text and its ancestors only."""
+    from transformers import DynamicCache
+
+    from experiments.tools.eagle import rollout
+    from lookahead_core.eagle import causal
+
+    model = tiny_random_model("llama", seed=3, num_hidden_layers=4)
+    drafter = eagle3_for(model, "random", seed=4)
+    text = torch.tensor([prompt_for(128, 6, 20)])
+    with torch.inference_mode():
+        states = model(text, output_hidden_states=True).hidden_states
+        features = torch.cat([states[i] for i in (-1, *drafter.aux_layers)], -1)
+        unrolled = list(rollout(drafter, text, features, 4))
+        for t in (0, 7, 14):
+            cache = DynamicCache()
+            out = drafter(text[0, 1:t + 2], drafter.from_base(features[0, :t + 1]), *(x[0] for x in causal(t + 1, "cpu")),
+                          cache)[-1:]
+            for k in range(4):
+                torch.testing.assert_close(out[0], unrolled[k][0, t], atol=1e-5, rtol=1e-5)
+                if t + 2 + k >= text.shape[1]:
+                    break
+                past = cache.get_seq_length()
+                out = drafter(text[0, t + 2 + k:t + 3 + k], out, torch.tensor([t + 1 + k]),
+                              torch.ones(1, past + 1, dtype=torch.bool), cache)
+
+
+def test_eagle3_training_saves_a_drafter_in_the_published_layout_and_resumes(tmp_path, capsys, monkeypatch):
+    import sys
+
+    from experiments.tools import eagle as tool
+    from test_medusa import resumes_from_step_6_to_9
+
+    out = tmp_path / "eagle3"
+    args = ["eagle", "model=tiny_llama", f"out={out}", "tokens=6000", "batch=2", "eval_every=3", "depth=3",
+            "draft_vocab=40", "ttt=3", "version=3"]
+    monkeypatch.setattr(sys, "argv", args + ["steps=6"])
+    tool.main()
+    config = json.loads((out / "config.json").read_text())
+    record = config["training"]
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["draft_vocab_size"] == 40
+    assert record["version"] == 3 and record["ttt"] == 3 and len(record["acceptance"]) == 3
+    assert record["acceptance"] == sorted(record["acceptance"], reverse=True)
+    header = (out / "curve.csv").read_text().splitlines()[0]
+    assert "token_loss" in header and "feature_loss" not in header        # EAGLE-3 has no feature loss
+    resumes_from_step_6_to_9(tool.main, args, out, capsys, monkeypatch)
+    model = tiny_random_model("llama")
+    loaded = load_drafter(out, model)
+    assert isinstance(loaded, Eagle3Drafter) and len(loaded.vocab) == 40
+    assert loaded.layer_ids == tuple(record["layer_ids"]) == default_layer_ids(model)
+    prompt = prompt_for(128, 9)
+    lm = CausalLM(model, drafters={"eagle": loaded})
+    assert decode(lm, prompt, EAGLE, DecodeLimits(max_new_tokens=20)).tokens == \
+        decode(model, prompt, None, DecodeLimits(max_new_tokens=20)).tokens

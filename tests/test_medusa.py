@@ -329,7 +329,7 @@ def refused_in_one_line(tool: str, override: str, key: str) -> None:
     """Before torch loads: one line naming ``key``, exit 2."""
     from experiments.data.datasets import repo_root
 
-    done = subprocess.run([sys.executable, "-m", tool, override], cwd=repo_root(),
+    done = subprocess.run([sys.executable, "-m", tool, *override.split()], cwd=repo_root(),
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.startswith("error: ") and key in done.stderr and done.stderr.count("\n") == 1, done.stderr

@@ -82,13 +82,88 @@ def corpus_chunks(tokenizer, tokens: int, seed: int = 0) -> tuple[list[list[int]
     return chunks, record
 
 
+SELF = "self-answers-v1"          # names the recipe of the base's own answers (part of the cache key)
+ASK = ("Explain what this part of a Python library does, in plain words:\n\n{doc}",
+       "Write a Python function that does the following, with a short explanation:\n\n{doc}")
+
+
+def instructions(seed: int) -> list[str]:
+    """Requests drawn from the standard library's docstrings (their first paragraph), in a seeded
+    order, alternately asking for an explanation and for code: what the base then answers."""
+    out = []
+    for path in stdlib_files(seed):
+        try:
+            docs = docstrings(path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, OSError):
+            continue
+        for doc in docs:
+            first = doc.split("\n\n")[0].strip()
+            if 60 <= len(first) <= 600:
+                out.append(ASK[len(out) % 2].format(doc=first))
+    return out
+
+
+def self_answers(model, tokenizer, tokens: int, seed: int, folder: Path, batch: int = 16,
+                 new_tokens: int = 192) -> tuple[list[list[int]], dict]:
+    """``tokens`` tokens of the base's own greedy answers to :func:`instructions` (request and answer,
+    in the model's chat template where it has one), as CHUNK-token chunks: the text greedy decoding
+    will show the drafter. Kept in ``folder`` as it is generated (a rerun goes on from there)."""
+    import torch
+    from tqdm import tqdm
+
+    folder.mkdir(parents=True, exist_ok=True)
+    store = folder / "answers.json"
+    done = json.loads(store.read_text()) if store.is_file() else {"texts": [], "seconds": 0.0, "asked": 0}
+    asks = instructions(seed)
+    eos = getattr(tokenizer, "eos_token_id", None)
+    pad = getattr(tokenizer, "pad_token_id", None)
+    pad = pad if pad is not None else (eos or 0)
+
+    def render(ask: str) -> list[int]:
+        if getattr(tokenizer, "chat_template", None):
+            text = tokenizer.apply_chat_template([{"role": "user", "content": ask}], tokenize=False,
+                                                 add_generation_prompt=True)
+            return tokenizer.encode(text, add_special_tokens=False)
+        return tokenizer.encode(f"Question: {ask}\nAnswer:")
+
+    have = sum(len(t) for t in done["texts"])
+    bar = tqdm(total=tokens, initial=min(have, tokens), desc="the base's own answers", unit="tok")
+    while have < tokens and done["asked"] < len(asks):
+        group = [render(a) for a in asks[done["asked"]:done["asked"] + batch]]
+        t0 = time.perf_counter()
+        width = max(map(len, group))
+        ids = torch.tensor([[pad] * (width - len(g)) + g for g in group], device=model.device)
+        mask = torch.tensor([[0] * (width - len(g)) + [1] * len(g) for g in group], device=model.device)
+        with torch.inference_mode():
+            out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False,
+                                 pad_token_id=pad, eos_token_id=eos)
+        for g, row in zip(group, out[:, width:].tolist()):
+            answer = row[:row.index(eos) + 1] if eos in row else row
+            done["texts"].append(g + answer)
+            have += len(g) + len(answer)
+            bar.update(len(g) + len(answer))
+        done["asked"] += len(group)
+        done["seconds"] += time.perf_counter() - t0
+        tmp = store.with_suffix(".tmp")
+        tmp.write_text(json.dumps(done))
+        tmp.rename(store)
+    bar.close()
+    flat = [t for text in done["texts"] for t in text]
+    chunks = [flat[i:i + CHUNK] for i in range(0, min(len(flat), tokens) - CHUNK + 1, CHUNK)]
+    record = {"recipe": SELF, "asked": done["asked"], "tokens": len(chunks) * CHUNK, "max_new_tokens": new_tokens,
+              "seconds": round(done["seconds"], 1), "first_request": asks[0][:120] if asks else None}
+    return chunks, record
+
+
 # ---------------------------------------------------------------------------------------------
 # Stage 1: the base's hidden states, cached once
 
 
-def cache_hidden(model, chunks: list[list[int]], folder: Path, batch: int = 8) -> float:
-    """fp16 last hidden states and the base's argmax for every chunk, in shards of ``batch`` chunks
-    (a shard already on disk is kept: the stage resumes); returns the seconds all shards took."""
+def cache_hidden(model, chunks: list[list[int]], folder: Path, batch: int = 8, layers: tuple[int, ...] = (-1,)) -> float:
+    """fp16 hidden states (``layers``: indices into the model's ``hidden_states``, side by side; the
+    last, after the final norm, by default) and the base's argmax for every chunk, in shards of
+    ``batch`` chunks (a shard already on disk is kept: the stage resumes); returns the seconds all
+    shards took."""
     import torch
     from tqdm import tqdm
 
@@ -102,7 +177,8 @@ def cache_hidden(model, chunks: list[list[int]], folder: Path, batch: int = 8) -
         ids = torch.tensor(chunks[start:start + batch], device=model.device)
         with torch.inference_mode():
             out = model(input_ids=ids, output_hidden_states=True, use_cache=False)
-        shard = {"hidden": out.hidden_states[-1].to(torch.float16).cpu(),
+        states = torch.cat([out.hidden_states[i] for i in layers], -1)
+        shard = {"hidden": states.to(torch.float16).cpu(),
                  "argmax": out.logits.argmax(-1).to(torch.int32).cpu()}
         tmp = folder / f"shard_{start:06d}.tmp"
         torch.save(shard, tmp)
@@ -142,7 +218,7 @@ class Distilled:
     record: dict                       # what the corpus is (corpus_chunks's record)
     key: dict                          # model and corpus: names the feature cache and keys the training state
     tokens: Any                        # (C, CHUNK) the chunks' token ids
-    hidden: Any                        # (C, CHUNK, H) the base's last hidden states, fp16
+    hidden: Any                        # (C, CHUNK, k * H) the base's hidden states (``layers``), fp16
     argmax: Any                        # (C, CHUNK) the base's argmax
     train_chunks: Any
     eval_chunks: Any
@@ -151,9 +227,12 @@ class Distilled:
     work: Path
 
 
-def distil(model_config: Any, tokens: int, seed: int, work: Path, device: str, threads: int | None) -> Distilled:
-    """Load the base (float32, frozen), cut the corpus, cache its features in ``work`` (resuming),
-    and split the chunks, HELD_OUT of them held out."""
+def distil(model_config: Any, tokens: int, seed: int, work: Path, device: str, threads: int | None,
+           layers: Any = (-1,), answers: float = 0.0) -> Distilled:
+    """Load the base (float32, frozen), cut the corpus (``answers``: the share of its tokens that are
+    the base's own greedy answers, :func:`self_answers`; the rest the standard library's text),
+    cache its features in ``work`` (resuming; ``layers``: a callable of the model giving the
+    ``hidden_states`` indices to keep, or the indices), and split the chunks, HELD_OUT of them held out."""
     import torch
 
     from experiments.models.loader import load_model
@@ -167,12 +246,22 @@ def distil(model_config: Any, tokens: int, seed: int, work: Path, device: str, t
         tokenizer = ByteTokenizer(model.config.vocab_size)
     for p in model.parameters():
         p.requires_grad_(False)
-    chunks, record = corpus_chunks(tokenizer, tokens, seed)
+    chunks, record = corpus_chunks(tokenizer, round(tokens * (1 - answers)), seed)
+    if answers:
+        own, record["answers"] = self_answers(model, tokenizer, round(tokens * answers), seed,
+                                              work / f"answers_{model_config.name}_{seed}".replace("/", "-"))
+        chunks += own
+        record["tokens"] = len(chunks) * CHUNK
     if len(chunks) < 20:
         raise SystemExit(f"the corpus gave {len(chunks)} chunks of {CHUNK} tokens: ask for more tokens (tokens=)")
+    layers = tuple(layers(model) if callable(layers) else layers)
     key = {"model": model_config.name, **{k: record[k] for k in ("corpus", "python", "seed", "tokens")}}
+    if answers:
+        key["answers"] = f"{SELF}-{answers}"
+    if layers != (-1,):
+        key["layers"] = "-".join(map(str, layers))
     hidden_dir = work / ("hidden_" + "_".join(f"{v}" for v in key.values()).replace("/", "-"))
-    cache_seconds = cache_hidden(model, chunks, hidden_dir)
+    cache_seconds = cache_hidden(model, chunks, hidden_dir, layers=layers)
     hidden, argmax = load_hidden(hidden_dir)
     n_eval = max(1, int(len(chunks) * HELD_OUT))
     g = torch.Generator().manual_seed(seed)
