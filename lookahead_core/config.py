@@ -51,6 +51,9 @@ class LookaheadConfig:
         keeps the m best nodes that maximise expected tokens committed per cost, (1 + the sum of
         their acceptance estimates) / step_costs[rows + m - 1], from none (a greedy step) up to
         the budget; without it (empty), every step fills the budget.
+    draft_cost: the price of one level of a trained drafter's own forwards (EAGLE's tree), in
+        greedy steps of this device (``decoding=auto`` measures it); the drafter stops growing its
+        tree once the acceptance its next level could add is below it. 0 = every level of ``depth``.
     sources: registered draft sources (``lookahead_core/sources.py``) and how many drafts of
         ``depth`` tokens each proposes per step, as a mapping ``{name: size}`` (0 = off; stored as
         sorted ``(name, size)`` pairs, so configs stay hashable). Built in:
@@ -73,6 +76,7 @@ class LookaheadConfig:
     depth: int = 0
     budget: int = 0
     step_costs: tuple[float, ...] = ()
+    draft_cost: float = 0.0
     sources: tuple[tuple[str, int], ...] = field(default=(), metadata={"yaml": dict[str, int]})
 
     def __post_init__(self) -> None:
@@ -85,6 +89,9 @@ class LookaheadConfig:
         for name in ("depth", "budget"):
             value = getattr(self, name)
             _require(_is_int(value) and value >= 0, f"{name} must be an int >= 0, got {value!r}")
+        _require(isinstance(self.draft_cost, (int, float)) and not isinstance(self.draft_cost, bool)
+                 and self.draft_cost >= 0, f"draft_cost must be a number >= 0, got {self.draft_cost!r}")
+        object.__setattr__(self, "draft_cost", float(self.draft_cost))
         object.__setattr__(self, "sources", _sizes(self.sources))
         if self.recycle_window:
             _require(self.size("recycle") >= 1 and not self.pool_only,
@@ -176,7 +183,7 @@ def config_label(config: LookaheadConfig | None) -> str:
     """A short name: ``greedy``, ``la_N5W15G15``, ``la_N5W15G15_pool``, ``pool_N4G3``, and for
     token trees and the other sources ``..._tree_sfx4_rc4_d6_k8``: each registered source's label and
     size (suffix drafts, recycled top-k with ``_rw`` for recycle_window, ...), then draft depth,
-    token budget and ``_ca`` for step_costs, each only when set. The one name of a config: decoder
+    token budget, ``_ca`` for step_costs and ``_dc`` for draft_cost, each only when set. The one name of a config: decoder
     tags in result rows, labels in reports and calibration records, results file names."""
     if config is None:
         return "greedy"
@@ -186,7 +193,7 @@ def config_label(config: LookaheadConfig | None) -> str:
         parts = [f"la_N{config.ngram}W{config.window}G{config.guess}"] + (["pool"] if config.prompt_pool else [])
     parts += (["tree"] if config.tree else []) + _sources.label_parts(config)
     parts += [f"{short}{value}" for short, value in (("d", config.depth), ("k", config.budget)) if value]
-    return "_".join(parts + (["ca"] if config.step_costs else []))
+    return "_".join(parts + (["ca"] if config.step_costs else []) + (["dc"] if config.draft_cost else []))
 
 
 @dataclass(frozen=True)

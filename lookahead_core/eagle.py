@@ -328,8 +328,10 @@ class EagleSource:
 
     topk = 0
 
-    def __init__(self, drafter: EagleDrafter, size: int, depth: int, width: int = WIDTH) -> None:
+    def __init__(self, drafter: EagleDrafter | Eagle3Drafter, size: int, depth: int, width: int = WIDTH,
+                 level_cost: float = 0.0) -> None:
         self.drafter, self.size, self.depth, self.width = drafter, size, depth, width
+        self.level_cost = level_cost              # a level's price in greedy steps (LookaheadConfig.draft_cost)
         self.cache = DynamicCache()
         self.first = 0                            # the position of the cache's first pair
         self.next = None                          # position of the next pair to feed
@@ -338,7 +340,7 @@ class EagleSource:
 
     @classmethod
     def from_config(cls, config, size: int, context, drafter: EagleDrafter) -> EagleSource:
-        return cls(drafter, size, config.draft_depth)
+        return cls(drafter, size, config.draft_depth, level_cost=config.draft_cost)
 
     @torch.no_grad()
     def update(self, outcome) -> None:
@@ -396,6 +398,10 @@ class EagleSource:
         slots: dict[int, int] = {}                         # node -> its slot in the drafter's cache
         committed = self.next - self.first
         for depth in range(2, self.depth + 1):
+            # The next level adds at most the acceptance mass of the frontier (a child never scores
+            # above its parent; one path is accepted): grow it only while that pays for its forward.
+            if self.level_cost and min(1.0, sum(math.exp(nodes[n].score) for n in frontier)) < self.level_cost:
+                break
             past = self.cache.get_seq_length()
             q = len(frontier)
             mask = torch.zeros(q, past + q, dtype=torch.bool)       # built on the host, moved once a level

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import heapq
 import json
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -234,6 +235,7 @@ class MedusaSource:
         parents = {p[:-1] for p in self.paths}
         self.leaves = [p for p in self.paths if p not in parents]
         self.top: list[list[int]] | None = None
+        self.seconds = 0.0                 # in the heads' forwards (their tokens read back: the device has finished)
 
     @classmethod
     def from_config(cls, config, size: int, context, drafter: MedusaHeads) -> MedusaSource:
@@ -249,4 +251,6 @@ class MedusaSource:
         if outcome.hidden is None or not self.depth:
             self.top = None
         else:
+            start = time.perf_counter()
             self.top = self.heads.top_tokens(outcome.hidden, self.ranks, self.depth)
+            self.seconds += time.perf_counter() - start

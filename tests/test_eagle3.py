@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 
 import pytest
 import torch
 
 from lookahead_core import CausalLM, DecodeLimits, SamplingConfig, decode, decode_batch
+from lookahead_core.config import config_label
 from lookahead_core.drafts import StepOutcome
 from lookahead_core.eagle import Eagle3Drafter, EagleSource, default_layer_ids, eagle3_config, load_drafter, save_drafter
 from lookahead_core.sources import register_source, unregister_source
@@ -135,6 +137,34 @@ def test_the_fused_feature_and_the_drafters_own_output_take_their_routes():
                               features=torch.cat([states[i][0] for i in (-1, *drafter.aux_layers)], -1)[:-1]))
     assert {t for d in source.propose(text) for t in d.tokens} <= set(vocab)
     assert drafter.log_probs(source.root[None]).shape == (1, len(vocab))
+
+
+def test_a_level_priced_above_what_it_can_add_is_not_grown():
+    """``draft_cost`` (a level's price in greedy steps): the tree stops growing once the acceptance
+    mass its frontier could pass on is below it; at 0 every level grows. Decoding stays greedy's."""
+    model = tiny_random_model("llama", seed=1)
+    drafter = eagle3_for(model, "random")
+    text = prompt_for(128, 4, 16)
+    with torch.inference_mode():
+        states = model(torch.tensor([text]), output_hidden_states=True).hidden_states
+    features = torch.cat([states[i][0] for i in (-1, *drafter.aux_layers)], -1)[:-1]
+
+    def deepest(cost: float) -> tuple[int, float]:
+        source = EagleSource(drafter, size=40, depth=5, level_cost=cost)
+        source.update(StepOutcome(text, len(text), text[-1], features=features))
+        nodes = source._grow()
+        return max(n.depth for n in nodes), sum(math.exp(n.score) for n in nodes if n.depth == 1)
+
+    full, mass = deepest(0.0)
+    assert full == 5 and deepest(1.0)[0] == 1                 # a level never adds more than one token
+    assert 0.01 < mass < 0.99                                 # the first level's mass: what level 2 can add
+    assert deepest(mass + 0.005)[0] == 1 and deepest(mass - 0.005)[0] >= 2
+    config = dataclasses.replace(EAGLE, draft_cost=0.3)
+    lm = CausalLM(model, drafters={"eagle": eagle3_for(model, "repeat")})
+    prompt = prompt_for(128, 3)
+    out = decode(lm, prompt, config, DecodeLimits(max_new_tokens=NEW))
+    assert out.tokens == decode(model, prompt, None, DecodeLimits(max_new_tokens=NEW)).tokens
+    assert "_dc" in config_label(config)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -656,6 +656,36 @@ def test_eagle_decoders_load_their_drafter_and_match_greedy_or_say_how_to_train_
         run(tmp_path / "bad", *MTBENCH, f"decoders=[{{use:eagle,drafter:'{tmp_path / 'nowhere'}'}}]")
 
 
+@pytest.mark.parametrize("heldout, used", [(0.95, True), (0.0, False)])
+def test_auto_prices_the_models_eagle_drafter_and_takes_it_in_only_where_it_pays(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, heldout: float, used: bool) -> None:
+    """``decoding=auto`` (online) with an EAGLE drafter trained for the job's model: it measures what
+    the drafter's update and levels cost in greedy steps of the curve, takes it into the widest tree
+    (its levels priced by ``draft_cost``) when its held-out acceptance pays for them, else leaves it
+    out, says so in the record, and decodes greedy's tokens either way; a rerun keeps the record."""
+    from experiments.models.heads import heads_dir
+    from experiments.models.loader import tiny_random_model
+    from lookahead_core.eagle import Eagle3Drafter, default_layer_ids, eagle3_config, save_drafter
+
+    monkeypatch.setenv("LOOKAHEAD_CACHE", str(tmp_path / "cache"))
+    model = tiny_random_model("llama")
+    save_drafter(Eagle3Drafter(model, eagle3_config(model), default_layer_ids(model)), heads_dir("tiny_llama", kind="eagle"),
+                 training={"acceptance": [heldout, heldout / 2]})
+    path = run(tmp_path, *MTBENCH, "dataset.turns=1", "decoding=auto", base=TINY_MODEL)
+    record = json.loads(path.with_suffix(".auto.json").read_text())
+    eagle = record["eagle"]
+    assert eagle["used"] is used and eagle["heldout_acceptance"][0] == heldout
+    price = eagle["price_in_greedy_steps"]
+    assert price["update"] > 0 and price["first_level"] > 0 and price["level"] >= 0
+    assert ("_eg16" in record["chosen"] and "_dc" in record["chosen"]) is used
+    df = read_rows(path)
+    auto = df[~df["baseline"]]
+    assert len(auto) == 2 and auto["matches_greedy"].all()
+    assert ((auto["draft_s"] > 0).all() if used else (auto["draft_s"].fillna(0) == 0).all())
+    again = run(tmp_path, *MTBENCH, "dataset.turns=1", "decoding=auto", base=TINY_MODEL)
+    assert json.loads(again.with_suffix(".auto.json").read_text())["eagle"] == eagle
+
+
 def test_the_first_timed_call_counts_no_probe_forwards(tmp_path: Path) -> None:
     """Even with ``warmup=0`` the capability probe runs when the job starts, untimed: every core
     row's ``steps`` (forwards after the prefill) is the loop's own count of its steps."""

@@ -59,6 +59,7 @@ def test_medusa_trees_equal_greedy_on_the_tiny_families(family):
             assert out.tokens == reference, (family, seed, config)
             table = {(r["source"], r["depth"]): r for r in out.stats.drafts.counts.table()}
             assert table[("medusa", 1)]["fed"] > 0, "the heads proposed nothing"
+            assert 0 < out.stats.draft_seconds < out.stats.decode_seconds      # the heads' time, counted apart
             accepted += sum(r["accepted"] for (s, _), r in table.items() if s == "medusa")
     assert accepted > 0, "no Medusa draft was ever accepted: the comparison had no teeth"
 
@@ -353,7 +354,7 @@ def test_a_job_runs_medusa_configs_and_the_report_tabulates_them(tmp_path, monke
     from experiments.data.datasets import repo_root
     from experiments.job import runner
     from experiments.models.heads import heads_dir
-    from experiments.reporting.medusa import collect
+    from experiments.reporting.drafters import collect
     from conftest import DATA_ROOT
 
     monkeypatch.setenv("LOOKAHEAD_CACHE", str(tmp_path / "cache"))

@@ -200,6 +200,72 @@ def online(path: Path, cost_model: cm.CostModel, *, extra: dict | None = None) -
     return record
 
 
+EAGLE_NODES = 16           # the EAGLE tree's nodes auto offers its cut
+
+
+def eagle_price(lm, drafter, cost_model: cm.CostModel, *, depth: int = 6, rounds: int = 5) -> dict:
+    """What an EAGLE drafter costs on this device, in greedy steps of ``cost_model``'s curve: a step's
+    update (the drafter reading two committed tokens) and each level of its tree past the first
+    (``level``, from the time of growing ``depth`` levels against one), medians of ``rounds``."""
+    import torch
+
+    from lookahead_core.drafts import StepOutcome
+    from lookahead_core.eagle import EagleSource
+
+    prompt = torch.randint(0, lm.vocab_size, (64,), generator=torch.Generator().manual_seed(0)).tolist()
+    with torch.inference_mode():
+        states = lm.model(torch.tensor([prompt], device=lm.device), output_hidden_states=True).hidden_states
+    features = torch.cat([states[i][0] for i in (-1, *getattr(drafter, "aux_layers", ()))], -1)
+    updates, grown = [], {1: [], depth: []}
+    for _ in range(rounds + 1):                               # the first round warms up
+        source = EagleSource(drafter, EAGLE_NODES, depth)
+        source.update(StepOutcome(prompt[:-2], len(prompt) - 2, prompt[-3], features=features[:-3]))
+        before = source.seconds
+        source.update(StepOutcome(prompt, len(prompt) - 2, prompt[-3], features=features[-3:-1]))
+        updates.append(source.seconds - before)
+        for levels in grown:
+            source.depth, before = levels, source.seconds
+            source.propose(prompt)
+            grown[levels].append(source.seconds - before)
+    one = cost_model.step_seconds(None)
+    level = max(0.0, statistics.median(grown[depth][1:]) - statistics.median(grown[1][1:])) / (depth - 1)
+    return {"update": statistics.median(updates[1:]) / one, "first_level": statistics.median(grown[1][1:]) / one,
+            "level": level / one, "greedy_step_seconds": one}
+
+
+def consider_eagle(lm, record: dict, folder: Path, path: Path) -> dict:
+    """The online pick with the model's EAGLE drafter (in ``folder``) considered: priced on this
+    device (:func:`eagle_price`), it joins the widest tree (``EAGLE_NODES`` nodes, its levels priced
+    by ``draft_cost``, so each step's tree stops where a level costs more than it can add) when the
+    acceptance its first draft token is expected to bring (the drafter's held-out acceptance at
+    depth 1, from its training record; 0.5 when it has none) pays for a step's update and first
+    level. Written into ``record`` (``eagle``) and to ``path``."""
+    from lookahead_core.eagle import load_drafter
+
+    drafter = lm.drafters.get("eagle") or load_drafter(folder, lm.model)
+    lm.drafters["eagle"] = drafter
+    chosen = chosen_config(record)
+    price = eagle_price(lm, drafter, cm.CostModel.from_rows(record["latency"]))
+    acceptance = (getattr(drafter, "training_record", None) or {}).get("acceptance") or [0.5]
+    used = chosen is not None and acceptance[0] > price["update"] + price["first_level"]
+    record["eagle"] = {"drafter": str(folder), "price_in_greedy_steps": {k: round(v, 4) for k, v in price.items()},
+                       "heldout_acceptance": acceptance, "used": used}
+    if used:
+        sources = {**dict(chosen.sources), "eagle": EAGLE_NODES}
+        chosen = replace(chosen, sources=sources, draft_cost=price["level"])
+        record["chosen"], record["chosen_config"] = config_label(chosen), config_fields(chosen)
+        record["markdown"] += (f"\n\nWith the model's EAGLE drafter ({folder}): a step's update costs "
+                               f"{price['update']:.3f} greedy steps, its first level {price['first_level']:.3f} and "
+                               f"each further one {price['level']:.3f}; held-out acceptance at depth 1 "
+                               f"{acceptance[0]:.2f}: its {EAGLE_NODES} best nodes join the tree.")
+    else:
+        record["markdown"] += (f"\n\nThe model's EAGLE drafter ({folder}) is left out: its held-out acceptance "
+                               f"at depth 1 ({acceptance[0]:.2f}) does not pay for a step's update and first "
+                               f"level ({price['update'] + price['first_level']:.3f} greedy steps).")
+    write_json(path, record)
+    return record
+
+
 def write_json(path: Path, record: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(path.suffix + ".partial")

@@ -55,7 +55,7 @@ class Generation:
 
 # Parameters added after committed results were named: at their default they leave a decoder's
 # fingerprint (and so the results file's name) as it was, and those results resume under it.
-LATER_DEFAULTS: dict[str, Any] = {"drafter": ""}
+LATER_DEFAULTS: dict[str, Any] = {"drafter": "", "draft_cost": 0.0, "eagle": True}
 
 
 class Decoder:
@@ -293,6 +293,7 @@ class AutoDecoder(CoreDecoder):
         # step cut by its nodes' estimates; grid: calibrate the grid on the calibration items and
         # decode with the predicted fastest (pays where its cached pick is reused, docs/auto.md)
         protocol: str = "online"
+        eagle: bool = True               # online: consider the model's trained EAGLE drafter, where there is one
 
     PROTOCOLS = ("online", "grid")
 
@@ -337,12 +338,30 @@ class AutoDecoder(CoreDecoder):
             dataclasses.replace(job.settings.limits, max_new_tokens=params.calibration_tokens), path,
             protocol=params.protocol, sampling=sampling, always=always, batch=job.settings.batch_size,
             recalibrate=params.recalibrate)
+        self.consider_eagle(job, path)
         self.config = autotune.chosen_config(self.record, seed=self.seed)
         if self.prior is None and self.config is not None:
             from lookahead_core import DraftStats
 
             self.prior = DraftStats()
         print(f"{self.name}: {autotune.describe(self.record, path)}")
+
+
+    def consider_eagle(self, job, path: Path) -> None:
+        """Protocol online, where an EAGLE drafter was trained for the job's model (``heads_dir``):
+        price it on this device and let it join the tree if it pays (``autotune.consider_eagle``);
+        a resumed job whose record took it in loads it again."""
+        from experiments.models.heads import heads_dir
+        from experiments.decoders import autotune
+
+        folder = heads_dir(job.settings.model.name, kind="eagle")
+        if "eagle" in self.record:
+            if self.record["eagle"]["used"] and "eagle" not in job.lm.drafters:
+                from lookahead_core.eagle import load_drafter
+
+                job.lm.drafters["eagle"] = load_drafter(self.record["eagle"]["drafter"], job.model)
+        elif self.params.protocol == "online" and self.params.eagle and (folder / "config.json").is_file():
+            self.record = autotune.consider_eagle(job.lm, self.record, folder, path)
 
 
 # ---------------------------------------------------------------------------------------------

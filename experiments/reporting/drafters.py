@@ -1,11 +1,14 @@
-"""Medusa heads against the training-free token tree, as one table over result folders.
+"""Trained drafters (Medusa heads, EAGLE) against the training-free token tree, as one table over result folders.
 
-    python -m experiments.reporting.medusa results/medusa      # writes results/medusa/table.md
+    python -m experiments.reporting.drafters results/medusa      # writes results/medusa/table.md
+    python -m experiments.reporting.drafters results/eagle
 
-Per model and set: every decoder's S, tokens fed per step and speedup over the jobs' baseline
-(``generate`` greedy in ``scripts/runs/medusa/bench.sh``), named by its role in the comparison;
-then the Medusa nodes' acceptance per head (depth) and the decoders' time outside the model. The
-heads themselves: ``python -m experiments.tools.medusa model=<name> show=true``.
+Per model and set: every decoder's S (mean tokens committed per step, what EAGLE's papers call the
+mean accepted tokens), tokens fed per step, the share of its decode time in a drafter's own forwards
+(``draft_s``) and speedup over the jobs' baseline (``generate`` greedy in ``scripts/runs/medusa`` and
+``scripts/runs/eagle``), named by its role in the comparison; then the trained sources' acceptance
+per depth (Medusa's per head) and the decoders' time outside the model. The drafters themselves:
+``python -m experiments.tools.medusa|eagle model=<name> show=true``.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ def label(row: pd.Series) -> str:
     ``greedy``), prompt lookup's ``hf_pld_k<k>``, else the decoder's name."""
     from lookahead_core.config import config_label
 
-    if row["family"] == "core":
+    if row["family"] == "core" and not str(row["decoder"]).startswith("auto"):
         return config_label(report.row_config(row["params"]))
     if not pd.isna(row["prompt_lookup"]):
         return f"hf_pld_k{int(row['prompt_lookup'])}"
@@ -34,7 +37,11 @@ def label(row: pd.Series) -> str:
 
 
 def role(label: str) -> str:
-    """What a benchmarked decoder is, in the Medusa comparison."""
+    """What a benchmarked decoder is, in the comparison of trained drafters."""
+    if label.startswith("auto"):
+        return {"auto": "auto (default)", "auto_training_free": "auto, training-free"}.get(label, label)
+    if "_eg" in label:
+        return "EAGLE + training-free tree" if ("sfx" in label or "rc" in label) else "EAGLE alone"
     if "_md" in label:
         return "Medusa + training-free tree" if ("sfx" in label or "rc" in label) else "Medusa heads alone"
     if label.startswith("pool_") and "tree" in label:
@@ -58,37 +65,52 @@ def summary(df: pd.DataFrame) -> list[dict]:
     return [{**row, "label": labels[row["decoder"]]} for row in rows]
 
 
+def draft_share(df: pd.DataFrame) -> dict[str, float]:
+    """Each decoder's seconds in a drafter's own forwards over its decode seconds, summed over rows
+    (decoders without a drafter: absent)."""
+    if "draft_s" not in df:
+        return {}
+    sums = df.groupby("decoder")[["draft_s", "decode_s"]].sum()
+    return {d: r["draft_s"] / r["decode_s"] for d, r in sums.iterrows() if r["draft_s"] > 0 and r["decode_s"] > 0}
+
+
 def labels_of(df: pd.DataFrame) -> dict[str, str]:
     """Each decoder of ``df`` -> its :func:`label`."""
     return {r["decoder"]: label(r) for _, r in df.drop_duplicates("decoder").iterrows()}
 
 
 def collect(root: Path) -> str:
-    """``root``'s result CSVs (``scripts/runs/medusa/bench.sh``) as one table: per model and set,
-    every decoder's S, tokens fed per step and speedup over the baseline; then the Medusa nodes'
-    acceptance per head (depth) and the decoders' overhead. Written to ``root/table.md``."""
-    speed, heads = [], []
+    """``root``'s result CSVs (``scripts/runs/medusa/bench.sh``, ``scripts/runs/eagle/bench.sh``) as
+    one table: per model and set, every decoder's S, tokens fed per step, drafter's share and speedup
+    over the baseline; then the trained sources' acceptance per depth. Written to ``root/table.md``."""
+    speed, depths = [], {"medusa": [], "eagle": []}
     rows = report.load_results([root])
     for (model, experiment), df in rows.groupby(["model", "experiment"], sort=True):
+        drafting = draft_share(df)
         for r in summary(df):
             speed.append({"model": model, "set": experiment, "decoder": role(r["label"]), "config": r["label"],
                           "prompts": r["rows"], "S": f"{r['S']:.2f}", "tokens/step": cell(r["tokens_per_step"], ".1f"),
+                          "drafter's share": cell(drafting.get(r["decoder"]), ".0%"),
                           "speedup (sum)": f"{r['speedup']:.2f}x", "speedup (median)": f"{r['speedup_median']:.2f}x",
                           "outside the model": f"{100 * r['overhead']:.0f}%",
                           "equal to greedy": f"{r['matches_greedy']:.0%}"})
         acceptance = draft_acceptance(df)
         if len(acceptance):
             labels = labels_of(df)
-            for decoder, group in acceptance[acceptance["source"] == "medusa"].groupby("decoder"):
-                row = {"model": model, "set": experiment, "decoder": role(labels[decoder])}
-                for _, r in group.sort_values("depth").iterrows():
-                    row[f"head {r['depth']}"] = (f"{r['acceptance']:.2f} ({r['accepted']}/{r['tried']})"
-                                                 if r["tried"] else "-")
-                heads.append(row)
+            for source, name in (("medusa", "head"), ("eagle", "depth")):
+                for decoder, group in acceptance[acceptance["source"] == source].groupby("decoder"):
+                    row = {"model": model, "set": experiment, "decoder": role(labels[decoder])}
+                    for _, r in group.sort_values("depth").iterrows():
+                        row[f"{name} {r['depth']}"] = (f"{r['acceptance']:.2f} ({r['accepted']}/{r['tried']})"
+                                                       if r["tried"] else "-")
+                    depths[source].append(row)
     text = "## Speed (ratio of summed decode time against the baseline, same run)\n\n"
     text += markdown(pd.DataFrame(speed, dtype=object)) if speed else "(no runs)\n"
-    text += "\n\n## Medusa nodes: accepted / tried per head (depth), summed over prompts\n\n"
-    text += markdown(pd.DataFrame(heads, dtype=object).fillna("-")) if heads else "(no Medusa rows)"
+    for source, what in (("medusa", "Medusa nodes: accepted / tried per head (depth)"),
+                         ("eagle", "EAGLE nodes: accepted / tried per depth")):
+        if depths[source]:
+            text += f"\n\n## {what}, summed over prompts\n\n"
+            text += markdown(pd.DataFrame(depths[source], dtype=object).fillna("-"))
     text += "\n"
     (root / "table.md").write_text(text)
     return text
