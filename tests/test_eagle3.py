@@ -339,7 +339,12 @@ def test_eagle3_training_saves_a_drafter_in_the_published_layout_and_resumes(tmp
     assert record["acceptance"] == sorted(record["acceptance"], reverse=True)
     header = (out / "curve.csv").read_text().splitlines()[0]
     assert "token_loss" in header and "feature_loss" not in header        # EAGLE-3 has no feature loss
+    answers = record["answers"]                # half the text: the base's own greedy answers
+    assert answers["recipe"] == "self-answers-v1" and answers["tokens"] >= 2560 and answers["asked"] > 0
+    stored = next(out.glob("work/answers_*/answers.json"))
+    written = stored.stat().st_mtime_ns
     resumes_from_step_6_to_9(tool.main, args, out, capsys, monkeypatch)
+    assert stored.stat().st_mtime_ns == written                          # generated once
     model = tiny_random_model("llama")
     loaded = load_drafter(out, model)
     assert isinstance(loaded, Eagle3Drafter) and len(loaded.vocab) == 40
@@ -348,3 +353,13 @@ def test_eagle3_training_saves_a_drafter_in_the_published_layout_and_resumes(tmp
     lm = CausalLM(model, drafters={"eagle": loaded})
     assert decode(lm, prompt, EAGLE, DecodeLimits(max_new_tokens=20)).tokens == \
         decode(model, prompt, None, DecodeLimits(max_new_tokens=20)).tokens
+
+
+def test_the_requests_the_base_answers_come_from_the_standard_librarys_docstrings():
+    from experiments.tools.distill import ASK, docstrings, instructions, stdlib_files
+
+    asks = instructions(0)
+    assert len(asks) > 500
+    assert asks[0].startswith(ASK[0].split("{")[0]) and asks[1].startswith(ASK[1].split("{")[0])
+    first = asks[0].split("\n\n", 1)[1]
+    assert any(first in doc for path in stdlib_files(0)[:40] for doc in docstrings(path.read_text(encoding="utf-8")))

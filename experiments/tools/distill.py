@@ -3,10 +3,12 @@
 Shared by ``experiments/tools/medusa.py`` and ``experiments/tools/eagle.py``. The text is the Python
 standard library of the running interpreter, read from its files (no download, the same on every
 machine with that Python): half **code** (the modules' source, in a seeded order) and half **prose**
-(their docstrings: modules, classes, functions). No benchmark item (MT-Bench, HumanEval, MBPP,
-ClassEval, CNN/DM, XSum, Spec-Bench) is drawn from it. The base's last hidden states (after its
-final norm) and its argmax at every position are computed once per (model, corpus) and kept as fp16
-shards outside the repository; a shard already on disk is kept, so the stage resumes.
+(their docstrings: modules, classes, functions); optionally a share of it (``answers``) is the base's
+own greedy answers to requests drawn from those docstrings (:func:`self_answers`), the text greedy
+decoding shows a drafter. No benchmark item (MT-Bench, HumanEval, MBPP, ClassEval, CNN/DM, XSum,
+Spec-Bench) is drawn from it. The base's hidden states (the last, after its final norm, or the
+layers a drafter asks for) and its argmax at every position are computed once per (model, corpus)
+and kept as fp16 shards outside the repository; a shard already on disk is kept, so the stage resumes.
 """
 
 from __future__ import annotations

@@ -1,29 +1,34 @@
 """Train an EAGLE drafter for a model the harness runs, on text no evaluated item contains.
 
-    python -m experiments.tools.eagle                                         # SmolLM2-135M
-    python -m experiments.tools.eagle model=qwen25_coder_05b tokens=60000 steps=600
+    python -m experiments.tools.eagle                                         # SmolLM2-135M, EAGLE-3
+    python -m experiments.tools.eagle model=qwen25_coder_05b tokens=60000 steps=600 draft_vocab=8192
+    python -m experiments.tools.eagle version=1                               # EAGLE-1/2's recipe
     python -m experiments.tools.eagle model=smollm2_135m show=true            # where it is, how it did
 
 Configured by ``conf/eagle.yaml`` (the ``model`` group of ``run.py`` and this tool's keys, typed by
 :class:`EagleTrainConfig`); a bad key or value fails in one line naming it, before torch loads.
 
-The text is the Python standard library's code and docstrings (``experiments/tools/distill.py``: no
-benchmark item is drawn from it), cut in 256-token chunks; the base's features (last hidden states
-after its final norm) and its argmax at every position are cached once, outside the repository.
+The text (``experiments/tools/distill.py``, no benchmark item drawn from it): ``answers`` of it the
+base's own greedy answers to requests drawn from the Python standard library's docstrings, the rest
+the standard library's code and docstrings, cut in 256-token chunks. The base's hidden states
+(the last, after its final norm, and for EAGLE-3 those after the fused layers) and its argmax at
+every position are cached once, outside the repository.
 
-Method (EAGLE-1, self-distilled): the base is frozen; the drafter (``lookahead_core/eagle.py``: fc
-and one decoder layer of the base's architecture on the base's embeddings and LM head) reads each
-chunk's tokens with the base's features one position behind and predicts the next feature. Loss:
-SmoothL1 between predicted and true features, plus ``ce_weight`` (0.1, as EAGLE) times the
-cross-entropy of the base's LM head on the predicted features against the base's own argmax (what
-greedy decoding will verify), on ``ce_positions`` positions of each batch; with ``draft_vocab`` the
-head scores only the training text's most frequent tokens (a target outside them scores nothing;
-``draft_vocab_coverage``: the share of held-out targets inside). 5% of the chunks are held
-out: their *chain acceptance per depth* (``acceptance``, in ``config.json`` and the curve) is the
-share of positions where the drafter's top token equals the base's argmax at depths 1..``depth``
-in a row, each depth reading the features the depth before predicted (EAGLE's drafting, on the
-text's tokens). Every stage resumes: shards already cached are kept, and training restarts from
-its last checkpoint.
+Method, the base frozen, its argmax the target (self-distillation: what greedy decoding verifies):
+
+* ``version=3`` (EAGLE-3, ``lookahead_core.eagle.Eagle3Drafter``): the training-time test unrolls
+  ``ttt`` draft steps as the tree runs them (:func:`rollout`); the loss is the cross-entropy at every
+  step, step k weighted 0.8^k, on ``ce_positions`` positions per step. Its head and final norm start
+  as the base's (the draft vocabulary's rows).
+* ``version=1`` (EAGLE-1/2, ``EagleDrafter``): teacher-forced; SmoothL1 between predicted and true
+  next features plus ``ce_weight`` (0.1) times the token cross-entropy.
+
+With ``draft_vocab`` the head scores only the training text's most frequent tokens (a target outside
+them scores nothing; ``draft_vocab_coverage``: the share of held-out targets inside). 5% of the
+chunks are held out: their *chain acceptance per depth* (``acceptance``, in ``config.json`` and the
+curve) is the share of start positions where the drafter's top token equals the base's argmax at
+depths 1..``depth`` in a row, drafted as the tree drafts. Every stage resumes: the answers
+generated so far, the feature shards, and training from its last checkpoint.
 
 The drafter goes to ``<model.cache_dir or $LOOKAHEAD_CACHE>/eagle/<model.name>`` (default
 ``~/.cache/lookahead_bench``) in EAGLE's published layout, where ``decoding=eagle`` finds it.
