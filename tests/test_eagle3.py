@@ -363,3 +363,45 @@ def test_the_requests_the_base_answers_come_from_the_standard_librarys_docstring
     assert asks[0].startswith(ASK[0].split("{")[0]) and asks[1].startswith(ASK[1].split("{")[0])
     first = asks[0].split("\n\n", 1)[1]
     assert any(first in doc for path in stdlib_files(0)[:40] for doc in docstrings(path.read_text(encoding="utf-8")))
+
+
+def test_suite_eagle_runs_every_drafter_and_the_report_tabulates_them(tmp_path, monkeypatch):
+    """``suite=eagle`` on the tiny model with a drafter and heads in the cache: every decoder decodes
+    greedy's tokens; the report names each by its role, gives the drafter's share of the decode
+    time where there is one, the EAGLE nodes' acceptance per depth and a labelled projection."""
+    from hydra import compose, initialize_config_dir
+
+    from conftest import DATA_ROOT
+    from experiments.config.schema import register_configs
+    from experiments.data.datasets import repo_root
+    from experiments.job import runner
+    from experiments.models.heads import heads_dir
+    from experiments.reporting.drafters import collect
+    from lookahead_core.medusa import save_heads
+    from test_medusa import for_model
+
+    monkeypatch.setenv("LOOKAHEAD_CACHE", str(tmp_path / "cache"))
+    model = tiny_random_model("llama")
+    save_drafter(eagle3_for(model, "repeat"), heads_dir("tiny_llama", kind="eagle"), training={"acceptance": [0.9]})
+    save_heads(for_model(model, 4), heads_dir("tiny_llama"))
+    threads = torch.get_num_threads()
+    register_configs()
+    try:
+        with initialize_config_dir(config_dir=str(repo_root() / "conf"), version_base="1.3"):
+            cfg = compose("config", overrides=["suite=eagle", "model=tiny_llama", "experiment=mtbench", "dataset.limit=2",
+                                               f"data_root={DATA_ROOT}", "experiment.max_new_tokens=16", "threads=1",
+                                               "warmup=0", f"results_dir={tmp_path / 'runs' / 'a'}"])
+        runner.run(cfg)
+    finally:
+        torch.set_num_threads(threads)
+    text = collect(tmp_path / "runs")
+    speed = text.split("\n\n## ")[0]
+    rows = {line.split(" | ")[2]: line for line in speed.splitlines() if line.startswith("| tiny_llama")}
+    assert set(rows) == {"generate greedy", "prompt lookup k=3", "EAGLE alone", "EAGLE + training-free tree",
+                         "Medusa heads alone", "training-free tree", "auto (default)", "auto, training-free"}
+    assert all(line.endswith("| 100% |") for line in rows.values()), speed        # every output equalled greedy
+    share = {role: line.split(" | ")[7] for role, line in rows.items()}
+    assert share["EAGLE alone"].endswith("%") and share["Medusa heads alone"].endswith("%")
+    assert share["training-free tree"] == "" and share["auto, training-free"] == ""
+    assert "| depth 1 |" in text.split("## EAGLE nodes")[1].splitlines()[2]
+    assert "## A projection, not a measurement" in text

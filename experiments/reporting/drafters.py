@@ -74,6 +74,23 @@ def draft_share(df: pd.DataFrame) -> dict[str, float]:
     return {d: r["draft_s"] / r["decode_s"] for d, r in sums.iterrows() if r["draft_s"] > 0 and r["decode_s"] > 0}
 
 
+def projection(df: pd.DataFrame) -> list[dict]:
+    """A labelled projection, not a measurement: each core decoder's speedup where a step costs the
+    same whatever it feeds (a GPU's flat curve at batch 1 for small trees, assumed) and a drafter's
+    forwards cost the same share of a base step as they did here: S / (1 + d), with S its measured
+    tokens per step and d its drafter seconds per step over the baseline's seconds per token."""
+    base = df[df["baseline"].fillna(False)]
+    if not len(base) or "draft_s" not in df:
+        return []
+    token_s = base["decode_s"].sum() / base["new_tokens"].sum()
+    out = []
+    for decoder, rows in df[(df["family"] == "core") & ~df["baseline"].fillna(False)].groupby("decoder"):
+        s, steps = rows["new_tokens"].sum() / rows["steps"].sum(), rows["steps"].sum()
+        d = rows["draft_s"].fillna(0).sum() / steps / token_s
+        out.append({"decoder": decoder, "S": s, "draft per step (greedy steps)": d, "projected": s / (1 + d)})
+    return out
+
+
 def labels_of(df: pd.DataFrame) -> dict[str, str]:
     """Each decoder of ``df`` -> its :func:`label`."""
     return {r["decoder"]: label(r) for _, r in df.drop_duplicates("decoder").iterrows()}
@@ -83,7 +100,7 @@ def collect(root: Path) -> str:
     """``root``'s result CSVs (``scripts/runs/medusa/bench.sh``, ``scripts/runs/eagle/bench.sh``) as
     one table: per model and set, every decoder's S, tokens fed per step, drafter's share and speedup
     over the baseline; then the trained sources' acceptance per depth. Written to ``root/table.md``."""
-    speed, depths = [], {"medusa": [], "eagle": []}
+    speed, depths, projected = [], {"medusa": [], "eagle": []}, []
     rows = report.load_results([root])
     for (model, experiment), df in rows.groupby(["model", "experiment"], sort=True):
         drafting = draft_share(df)
@@ -94,9 +111,13 @@ def collect(root: Path) -> str:
                           "speedup (sum)": f"{r['speedup']:.2f}x", "speedup (median)": f"{r['speedup_median']:.2f}x",
                           "outside the model": f"{100 * r['overhead']:.0f}%",
                           "equal to greedy": f"{r['matches_greedy']:.0%}"})
+        labels = labels_of(df)
+        for r in projection(df):
+            projected.append({"model": model, "set": experiment, "decoder": role(labels[r["decoder"]]),
+                              "S": f"{r['S']:.2f}", "drafter per step (greedy steps, here)":
+                              f"{r['draft per step (greedy steps)']:.2f}", "projected speedup": f"{r['projected']:.2f}x"})
         acceptance = draft_acceptance(df)
         if len(acceptance):
-            labels = labels_of(df)
             for source, name in (("medusa", "head"), ("eagle", "depth")):
                 for decoder, group in acceptance[acceptance["source"] == source].groupby("decoder"):
                     row = {"model": model, "set": experiment, "decoder": role(labels[decoder])}
@@ -111,6 +132,10 @@ def collect(root: Path) -> str:
         if depths[source]:
             text += f"\n\n## {what}, summed over prompts\n\n"
             text += markdown(pd.DataFrame(depths[source], dtype=object).fillna("-"))
+    if projected and any(r["drafter per step (greedy steps, here)"] != "0.00" for r in projected):
+        text += ("\n\n## A projection, not a measurement: flat step cost (a GPU at batch 1, assumed), the "
+                 "drafter's share of a step as here: S / (1 + drafter per step)\n\n")
+        text += markdown(pd.DataFrame(projected, dtype=object))
     text += "\n"
     (root / "table.md").write_text(text)
     return text
