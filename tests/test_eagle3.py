@@ -340,7 +340,7 @@ def test_eagle3_training_saves_a_drafter_in_the_published_layout_and_resumes(tmp
     header = (out / "curve.csv").read_text().splitlines()[0]
     assert "token_loss" in header and "feature_loss" not in header        # EAGLE-3 has no feature loss
     answers = record["answers"]                # half the text: the base's own greedy answers
-    assert answers["recipe"] == "self-answers-v1" and answers["tokens"] >= 2560 and answers["asked"] > 0
+    assert answers["recipe"] == "self-answers-v2" and answers["tokens"] >= 2560 and answers["asked"] > 0
     stored = next(out.glob("work/answers_*/answers.json"))
     written = stored.stat().st_mtime_ns
     resumes_from_step_6_to_9(tool.main, args, out, capsys, monkeypatch)
@@ -355,9 +355,20 @@ def test_eagle3_training_saves_a_drafter_in_the_published_layout_and_resumes(tmp
         decode(model, prompt, None, DecodeLimits(max_new_tokens=20)).tokens
 
 
-def test_the_requests_the_base_answers_come_from_the_standard_librarys_docstrings():
-    from experiments.tools.distill import ASK, docstrings, instructions, stdlib_files
+def test_the_requests_the_base_answers_are_everyday_ones_and_the_standard_librarys_docstrings():
+    from experiments.tools.distill import ASK, TOPIC_ASK, docstrings, instructions, stdlib_files, topics
 
+    class Words:                      # a tokenizer whose tokens are a few words and fragments
+        vocab = [" garden", " Paris", " apple", "ing", " rivers", " x1234", " boat"]
+        vocab_size = len(vocab)
+
+        def decode(self, ids):
+            return "".join(self.vocab[i] for i in ids)
+
+    assert sorted(topics(Words(), 0)) == ["apple", "garden", "rivers"]      # lower-case words of 5-12 letters
+    mixed = instructions(0, Words())
+    assert len(mixed) == 6 and mixed[1::2] == instructions(0)[:3]
+    assert all(any(a == t.format(topic=w) for t in TOPIC_ASK for w in ("apple", "garden", "rivers")) for a in mixed[::2])
     asks = instructions(0)
     assert len(asks) > 500
     assert asks[0].startswith(ASK[0].split("{")[0]) and asks[1].startswith(ASK[1].split("{")[0])

@@ -84,15 +84,40 @@ def corpus_chunks(tokenizer, tokens: int, seed: int = 0) -> tuple[list[list[int]
     return chunks, record
 
 
-SELF = "self-answers-v1"          # names the recipe of the base's own answers (part of the cache key)
+SELF = "self-answers-v2"          # names the recipe of the base's own answers (part of the cache key)
 ASK = ("Explain what this part of a Python library does, in plain words:\n\n{doc}",
        "Write a Python function that does the following, with a short explanation:\n\n{doc}")
+# Everyday requests about a topic, written here (no benchmark item): the kinds of writing, advice,
+# explanation, story and arithmetic a chat model is asked for, about words of the model's own vocabulary.
+TOPIC_ASK = ("Write a short blog post about {topic}.",
+             "Explain {topic} to a curious ten-year-old.",
+             "Give three practical tips about {topic}, with a sentence on each.",
+             "Write a short poem about {topic}.",
+             "What are the pros and cons of {topic}? Answer in a few paragraphs.",
+             "Write a short story in which {topic} plays a central role.",
+             "Describe the history of {topic} briefly.",
+             "Make up a simple arithmetic word problem about {topic} and solve it step by step.")
 
 
-def instructions(seed: int) -> list[str]:
-    """Requests drawn from the standard library's docstrings (their first paragraph), in a seeded
-    order, alternately asking for an explanation and for code: what the base then answers."""
-    out = []
+def topics(tokenizer, seed: int) -> list[str]:
+    """Lower-case English-looking words of 5-12 letters that the tokenizer holds as one token after a
+    space, in a seeded order: the topics of :data:`TOPIC_ASK`'s requests."""
+    words = set()
+    for i in range(getattr(tokenizer, "vocab_size", 0) or 0):
+        text = tokenizer.decode([i])
+        if text.startswith(" ") and text[1:].isalpha() and text[1:].islower() and 5 <= len(text) - 1 <= 12:
+            words.add(text[1:])
+    words = sorted(words)
+    random.Random(seed).shuffle(words)
+    return words
+
+
+def instructions(seed: int, tokenizer=None) -> list[str]:
+    """The requests the base answers: drawn from the standard library's docstrings (their first
+    paragraph), alternately asking for an explanation and for code, in a seeded order; with a
+    ``tokenizer``, every other request is instead an everyday one (:data:`TOPIC_ASK`) about a word
+    of its vocabulary (:func:`topics`)."""
+    docs_asks = []
     for path in stdlib_files(seed):
         try:
             docs = docstrings(path.read_text(encoding="utf-8"))
@@ -101,13 +126,21 @@ def instructions(seed: int) -> list[str]:
         for doc in docs:
             first = doc.split("\n\n")[0].strip()
             if 60 <= len(first) <= 600:
-                out.append(ASK[len(out) % 2].format(doc=first))
+                docs_asks.append(ASK[len(docs_asks) % 2].format(doc=first))
+    everyday = [] if tokenizer is None else \
+        [TOPIC_ASK[i % len(TOPIC_ASK)].format(topic=w) for i, w in enumerate(topics(tokenizer, seed))]
+    if not everyday:                          # a tokenizer without word tokens (the tiny models' bytes)
+        return docs_asks
+    out = []
+    for pair in zip(everyday, docs_asks):
+        out += pair
     return out
 
 
 def self_answers(model, tokenizer, tokens: int, seed: int, folder: Path, batch: int = 16,
                  new_tokens: int = 192) -> tuple[list[list[int]], dict]:
-    """``tokens`` tokens of the base's own greedy answers to :func:`instructions` (request and answer,
+    """``tokens`` tokens of the base's own greedy answers to :func:`instructions` (everyday ones and
+    ones drawn from the standard library's docstrings, in turn; request and answer,
     in the model's chat template where it has one), as CHUNK-token chunks: the text greedy decoding
     will show the drafter. Kept in ``folder`` as it is generated (a rerun goes on from there)."""
     import torch
@@ -116,7 +149,7 @@ def self_answers(model, tokenizer, tokens: int, seed: int, folder: Path, batch: 
     folder.mkdir(parents=True, exist_ok=True)
     store = folder / "answers.json"
     done = json.loads(store.read_text()) if store.is_file() else {"texts": [], "seconds": 0.0, "asked": 0}
-    asks = instructions(seed)
+    asks = instructions(seed, tokenizer)
     eos = getattr(tokenizer, "eos_token_id", None)
     pad = getattr(tokenizer, "pad_token_id", None)
     pad = pad if pad is not None else (eos or 0)
@@ -251,7 +284,7 @@ def distil(model_config: Any, tokens: int, seed: int, work: Path, device: str, t
     chunks, record = corpus_chunks(tokenizer, round(tokens * (1 - answers)), seed)
     if answers:
         own, record["answers"] = self_answers(model, tokenizer, round(tokens * answers), seed,
-                                              work / f"answers_{model_config.name}_{seed}".replace("/", "-"))
+                                              work / f"answers_{SELF}_{model_config.name}_{seed}".replace("/", "-"))
         chunks += own
         record["tokens"] = len(chunks) * CHUNK
     if len(chunks) < 20:
