@@ -14,6 +14,8 @@ for model in $models; do
     short=$([ "$model" = smollm2_135m ] && echo smollm2 || echo qwen)
     limit=$([ "$model" = smollm2_135m ] && echo 20 || echo 10)
     eagle=(tokens=120000 steps=1000 eval_every=100 lr=0.001 ce_positions=512 depth=6 draft_vocab=8192)
+    [ "$model" = qwen25_coder_05b ] && eagle=(tokens=80000 steps=700 eval_every=100 lr=0.001 ce_positions=512 \
+        depth=6 draft_vocab=8192)              # within the 2 hours a model may train on this CPU
     medusa=(); [ "$model" = qwen25_coder_05b ] && medusa=(tokens=60000 steps=150)
     python -m experiments.tools.eagle model="$model" show=true >/dev/null 2>&1 || \
         python -m experiments.tools.eagle model="$model" "${eagle[@]}" || exit 1
