@@ -49,23 +49,29 @@ def drafter_for(model, kind: str, seed: int = 0) -> EagleDrafter:
     return drafter
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_eagle_trees_equal_greedy_on_the_tiny_families(family):
-    model = tiny_family_model(family, seed=3)
+def assert_trees_equal_greedy(model, drafters: dict) -> None:
+    """With each drafter (``{kind: drafter}``), every config of ``CONFIGS`` decodes greedy's tokens,
+    the drafter proposes, its time is counted, and some draft of it is accepted somewhere (teeth)."""
     reference_lm = CausalLM(model)
     accepted = 0
-    for kind in ("repeat", "random"):
-        lm = CausalLM(model, drafters={"eagle": drafter_for(model, kind)})
+    for kind, drafter in drafters.items():
+        lm = CausalLM(model, drafters={"eagle": drafter})
         for p, config in enumerate(CONFIGS):
             prompt = prompt_for(model.config.vocab_size, p)
             reference = decode(reference_lm, prompt, None, DecodeLimits(max_new_tokens=NEW)).tokens
             out = decode(lm, prompt, config, DecodeLimits(max_new_tokens=NEW))
-            assert out.tokens == reference, (family, kind, config)
+            assert out.tokens == reference, (type(model).__name__, kind, config)
             table = {(r["source"], r["depth"]): r for r in out.stats.drafts.counts.table()}
             assert table[("eagle", 1)]["fed"] > 0, "the drafter proposed nothing"
             assert out.stats.draft_seconds > 0
             accepted += sum(r["accepted"] for (s, _), r in table.items() if s == "eagle")
     assert accepted > 0, "no EAGLE draft was ever accepted: the comparison had no teeth"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_eagle_trees_equal_greedy_on_the_tiny_families(family):
+    model = tiny_family_model(family, seed=3)
+    assert_trees_equal_greedy(model, {kind: drafter_for(model, kind) for kind in ("repeat", "random")})
 
 
 def test_decode_batch_with_eagle_equals_each_sequence_alone():
