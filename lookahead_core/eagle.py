@@ -1,11 +1,17 @@
-"""EAGLE drafters (Li et al., 2024: EAGLE-1 and EAGLE-2) as a draft source of the token tree.
+"""EAGLE drafters (Li et al., 2024, 2025: EAGLE-1/2 and EAGLE-3) as a draft source of the token tree.
 
-The drafter is one decoder layer of the base model's own architecture. At position i it reads
-``fc([embedding of token i+1 ; the base's feature at i])`` (2H -> H; the feature is the base's last
-hidden state, after its final norm: what its LM head reads) and predicts the feature at i + 1,
-whose token distribution the base's own LM head gives. The base's embeddings and LM head are
-reused, frozen; the layer's first norm is dropped, as in EAGLE's published drafters (its input is
-already a projection of normed features).
+Two drafters, one interface (``from_base``, ``forward``, ``log_probs``, ``token_ids``, ``aux_layers``):
+
+* :class:`EagleDrafter` (EAGLE-1/2): one decoder layer of the base model's own architecture. At
+  position i it reads ``fc([embedding of token i+1 ; the base's feature at i])`` (2H -> H; the
+  feature is the base's last hidden state, after its final norm: what its LM head reads) and
+  predicts the feature at i + 1, whose token distribution the base's own LM head gives (optionally
+  over a draft vocabulary: its rows of the head). The layer's first norm is dropped, as in EAGLE's
+  published drafters.
+* :class:`Eagle3Drafter` (EAGLE-3): ``fc`` (kH -> H) fuses the base's hidden states after k of its
+  layers (``aux_layers``, which the step returns beside the last: ``CausalLM.feature_layers``); one
+  Llama layer reads ``[embedding ; feature]`` (2H) and predicts the next feature, which its own norm
+  and head read over a draft vocabulary, and which the next draft step reads as its feature.
 
 Each step (:class:`EagleSource`):
 
@@ -16,7 +22,8 @@ Each step (:class:`EagleSource`):
 * ``propose`` grows a tree from there as EAGLE-2 does: each level feeds the ``width`` best nodes of
   the level above (by the product of the drafter's own probabilities along the path, which are well
   calibrated to acceptance), each node seeing the committed cache and its ancestors, and takes each
-  one's top ``width`` children; after ``depth`` levels the ``size`` best nodes of the whole tree
+  one's top ``width`` children; after ``depth`` levels (fewer where a level's price,
+  ``LookaheadConfig.draft_cost``, exceeds what it can add) the ``size`` best nodes of the whole tree
   (a prefix-closed set: a node never scores above its parent) become the drafts. The tree's nodes
   then compete in the one token tree with every other source's (``Proposer``): each token is tagged
   ``eagle:p<d>``, d the decile of the drafter's probability for it, so the acceptance measured per
@@ -27,17 +34,22 @@ The tree's nodes enter the drafter's cache only while the tree grows: it is cut 
 committed text before the next ``update``. Time in the drafter's forwards is counted apart
 (``EagleSource.seconds``, summed into ``DecodeStats.draft_seconds``).
 
-Format (EAGLE-1/2's published layout, SafeAILab/EAGLE; what :func:`load_drafter` reads and
-:func:`save_drafter` writes), a directory holding
-  * ``config.json``: the base architecture's config with ``num_hidden_layers: 1`` (``hidden_size``
-    and ``vocab_size`` are checked against the base), ``bias`` (fc's), and this project's
-    ``training`` record where it trained the drafter;
-  * ``model.safetensors`` or ``pytorch_model.bin``: flat keys ``fc.weight`` (H x 2H), ``fc.bias``,
-    ``layers.0.<the decoder layer's own names>`` (no ``input_layernorm``), and optionally
-    ``embed_tokens.weight`` / ``lm_head.weight`` (copies of the base's, which the drafter uses
-    itself: a copy that differs from the base's is refused). A drafter with a reduced draft
-    vocabulary adds ``d2t`` (EAGLE-3's convention: the token of draft index i is i + d2t[i]) and
-    ``draft_vocab_size`` in the config.
+Formats (:func:`load_drafter` reads each, :func:`save_drafter` writes the first two), a directory
+holding ``config.json`` and ``model.safetensors`` or ``pytorch_model.bin``:
+
+* EAGLE-1/2 (SafeAILab/EAGLE): the base architecture's config with ``num_hidden_layers: 1`` and
+  ``bias``; flat keys ``fc.weight`` (H x 2H), ``fc.bias``, ``layers.0.<the layer's own names>`` (no
+  ``input_layernorm``), optionally ``embed_tokens.weight`` / ``lm_head.weight`` (copies of the
+  base's: one that differs is refused);
+* EAGLE-3, official and SpecForge's ``LlamaForCausalLMEagle3``: a Llama config with one layer and
+  ``draft_vocab_size`` (SpecForge: ``eagle_config.eagle_aux_hidden_state_layer_ids``, layer outputs;
+  absent: :func:`default_layer_ids`); ``fc.weight`` (H x kH), ``midlayer.*``, ``norm.weight``,
+  ``lm_head.weight``;
+* EAGLE-3, vLLM speculators' ``Eagle3Speculator``: ``transformer_layer_config``, the layer ids counted
+  as hidden-state indices, ``layers.0.*`` for ``midlayer.*``, ``embed_tokens.weight``.
+
+A draft vocabulary travels as ``d2t`` (the token of draft index i is i + d2t[i]) and ``t2d`` (which
+tokens are drafted); hidden size, vocabulary, layer ids and shapes are checked against the base.
 """
 
 from __future__ import annotations
