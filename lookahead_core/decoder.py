@@ -234,7 +234,8 @@ def _run(model, prompts: list[list[int]], lookahead: LookaheadConfig | None, lim
             seq.proposer = Proposer.from_config(lookahead, seq.tokens, seq.pool, seq.prompt, lm.drafters,
                                                 seq.stats.drafts)
             if hidden:       # the prefill's outcome: no new n-grams, the hidden states the first tree drafts from
-                seq.proposer.update(StepOutcome(seq.tokens, len(seq.tokens), seq.tokens[-1], hidden=states[-1, :states.shape[-1] // layers],
+                seq.proposer.update(StepOutcome(seq.tokens, len(seq.tokens), seq.tokens[-1],
+                                                hidden=_last_layer(states[-1], layers),
                                                 features=states if features else None), EMPTY_TREE, [])
     outputs: dict[int, DecodeOutput] = {}
     live = list(range(len(seqs)))                     # cache row r holds sequence live[r]
@@ -378,6 +379,12 @@ def _accept(seq: _Sequence, tokens: list[int], limits: DecodeLimits, tokenizer, 
     return len(tokens)
 
 
+def _last_layer(states: torch.Tensor, layers: int) -> torch.Tensor:
+    """The last layer's columns of hidden states that come as ``layers`` layers side by side
+    (``CausalLM.feature_layers``: the last first)."""
+    return states[..., :states.shape[-1] // layers]
+
+
 def _learn(seq: _Sequence, plan: _Plan, verdict: Verdict, kept: int, read: _Read, hidden: torch.Tensor | None,
            features: bool = False, layers: int = 1) -> None:
     """5. Hand the sequence's sources what the step showed (``StepOutcome``): the ``kept`` tokens it
@@ -396,7 +403,8 @@ def _learn(seq: _Sequence, plan: _Plan, verdict: Verdict, kept: int, read: _Read
                           row_topk=read.topk, row_topk_probs=read.topk_probs)
     if hidden is not None:
         rows = layout.tree_logits[[0] + [node + 1 for node in verdict.path[:kept - 1]]]
-        outcome = replace(outcome, hidden=hidden[int(rows[-1]), :hidden.shape[-1] // layers], features=hidden[rows] if features else None)
+        outcome = replace(outcome, hidden=_last_layer(hidden[int(rows[-1])], layers),
+                          features=hidden[rows] if features else None)
     proposer.update(outcome, plan.tree, verdict.path)
 
 

@@ -67,13 +67,39 @@ from transformers import DynamicCache
 
 from .layout import Draft
 from .model_io import truncate_kv
+from .positions import position_limit
 
 WIDTH = 8                       # nodes expanded per level, and children taken from each (EAGLE-2's top-k)
 CONFIG_FILE = "config.json"
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 
 
-class EagleDrafter(nn.Module):
+class _OnBase(nn.Module):
+    """What both drafters share: the base model, held by reference (a list: its weights are not the
+    drafter's), whose embeddings they read; the draft vocabulary (``vocab``: the token id of each
+    draft index, None: the base's whole vocabulary); the device of ``fc``, their first layer."""
+
+    aux_layers: tuple[int, ...] = ()      # the base's hidden states read besides the last: none
+
+    def _hold(self, model: nn.Module, vocab: Sequence[int] | torch.Tensor | None, size: int) -> torch.Tensor | None:
+        self.base = [model]
+        self.register_buffer("vocab", _checked_vocab(vocab, size), persistent=False)
+        return self.vocab
+
+    @property
+    def device(self) -> torch.device:
+        return self.fc.weight.device
+
+    @property
+    def embed(self) -> nn.Module:
+        return self.base[0].get_input_embeddings()
+
+    def token_ids(self, indices: torch.Tensor) -> torch.Tensor:
+        """The token ids of draft-vocabulary ``indices``."""
+        return indices if self.vocab is None else self.vocab[indices]
+
+
+class EagleDrafter(_OnBase):
     """``fc`` (2H -> H) and one decoder layer of the base's architecture, on the base's embeddings
     and LM head (held by reference, not parameters of the drafter)."""
 
@@ -91,28 +117,15 @@ class EagleDrafter(nn.Module):
         self.layer = type(decoder.layers[0])(config, layer_idx=0)
         self.layer.input_layernorm = nn.Identity()
         self.rotary = type(decoder.rotary_emb)(config=config)
-        self.base = [model]           # a list: the base is not a submodule (its weights are not the drafter's)
-        # The draft vocabulary: the token ids its head scores (None: all of the base's). A reduced one
-        # (the most frequent tokens of the training text) cuts the LM head's rows, the main cost of a
-        # draft step on a small base with a large vocabulary.
-        vocab = _checked_vocab(vocab, config.vocab_size)
-        self.register_buffer("vocab", vocab, persistent=False)
+        # A reduced draft vocabulary (the most frequent tokens of the training text) cuts the LM
+        # head's rows, the main cost of a draft step on a small base with a large vocabulary.
+        self._hold(model, vocab, config.vocab_size)
         self._rows: tuple[int, torch.Tensor] | None = None
         self.to(device=model.device, dtype=model.dtype)
 
     @property
-    def embed(self) -> nn.Module:
-        return self.base[0].get_input_embeddings()
-
-    @property
     def lm_head(self) -> nn.Module:
         return self.base[0].get_output_embeddings()
-
-    aux_layers: tuple[int, ...] = ()      # the base's hidden states it reads besides the last: none
-
-    @property
-    def device(self) -> torch.device:
-        return self.fc.weight.device
 
     def from_base(self, features: torch.Tensor) -> torch.Tensor:
         """The drafter's input feature from the base's (the last layer's, first in ``features``)."""
@@ -146,12 +159,8 @@ class EagleDrafter(nn.Module):
             logits = logits + bias[self.vocab]
         return torch.log_softmax(logits.float(), dim=-1)
 
-    def token_ids(self, indices: torch.Tensor) -> torch.Tensor:
-        """The token ids of draft-vocabulary ``indices``."""
-        return indices if self.vocab is None else self.vocab[indices]
 
-
-class Eagle3Drafter(nn.Module):
+class Eagle3Drafter(_OnBase):
     """EAGLE-3 (Li et al., 2025): ``fc`` (kH -> H, no bias) fuses the base's hidden states after k of
     its decoder layers (``layer_ids``: a low, a middle and a high one); one Llama decoder layer
     (``midlayer``) whose attention reads ``[input_layernorm(embedding) ; hidden_norm(feature)]`` (2H)
@@ -184,20 +193,10 @@ class Eagle3Drafter(nn.Module):
                                                bias=bool(getattr(config, "attention_bias", False))))
         self.midlayer.hidden_norm = LlamaRMSNorm(hidden, eps=config.rms_norm_eps)
         self.norm = LlamaRMSNorm(hidden, eps=config.rms_norm_eps)
-        vocab = _checked_vocab(vocab, base.vocab_size)
+        vocab = self._hold(model, vocab, base.vocab_size)
         self.lm_head = nn.Linear(hidden, base.vocab_size if vocab is None else len(vocab), bias=False)
         self.rotary = LlamaRotaryEmbedding(config=config)
-        self.register_buffer("vocab", vocab, persistent=False)
-        self.base = [model]
         self.to(device=model.device, dtype=model.dtype)
-
-    @property
-    def device(self) -> torch.device:
-        return self.fc.weight.device
-
-    @property
-    def embed(self) -> nn.Module:
-        return self.base[0].get_input_embeddings()
 
     def from_base(self, features: torch.Tensor) -> torch.Tensor:
         """The fused feature from the base's: its last layer's (first in ``features``, unread here)
@@ -226,9 +225,6 @@ class Eagle3Drafter(nn.Module):
         """(q, V') log-probabilities over the draft vocabulary of the layer's outputs (q, H)."""
         return torch.log_softmax(self.lm_head(self.norm(hidden.to(self.fc.weight.dtype))).float(), dim=-1)
 
-    def token_ids(self, indices: torch.Tensor) -> torch.Tensor:
-        return indices if self.vocab is None else self.vocab[indices]
-
 
 def eagle3_config(model: nn.Module, draft_vocab: int | None = None):
     """A Llama config for an EAGLE-3 drafter of ``model`` trained here: the base's width, heads,
@@ -246,7 +242,7 @@ def eagle3_config(model: nn.Module, draft_vocab: int | None = None):
                        head_dim=getattr(base, "head_dim", None) or hidden // heads,
                        intermediate_size=getattr(base, "intermediate_size", None) or 4 * hidden,
                        rms_norm_eps=getattr(base, "rms_norm_eps", None) or 1e-6, rope_parameters=rope,
-                       max_position_embeddings=position_limit_of(base), vocab_size=base.vocab_size,
+                       max_position_embeddings=position_limit(base) or 4096, vocab_size=base.vocab_size,
                        draft_vocab_size=draft_vocab or base.vocab_size, tie_word_embeddings=False,
                        attn_implementation="sdpa")
 
@@ -256,10 +252,6 @@ def default_layer_ids(model: nn.Module) -> tuple[int, int, int]:
     and L - 4 (SpecForge's default; the official code's hidden states 2, L/2 and L - 3)."""
     layers = _text_config(model.config).num_hidden_layers
     return tuple(sorted((min(1, layers - 1), max(layers // 2 - 1, 0), max(layers - 4, 0))))
-
-
-def position_limit_of(config) -> int:
-    return int(getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None) or 4096)
 
 
 def _text_config(config):

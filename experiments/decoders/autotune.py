@@ -204,7 +204,7 @@ EAGLE_NODES = 16           # the EAGLE tree's nodes auto offers its cut
 
 
 def eagle_price(lm, drafter, cost_model: cm.CostModel, *, depth: int = 6, rounds: int = 5) -> dict:
-    """What an EAGLE drafter costs on this device, in greedy steps of ``cost_model``'s curve: a step's
+    """What ``lm``'s EAGLE drafter costs on this device, in greedy steps of ``cost_model``'s curve: a step's
     update (the drafter reading two committed tokens) and each level of its tree past the first
     (``level``, from the time of growing ``depth`` levels against one), medians of ``rounds``."""
     import torch
@@ -215,7 +215,7 @@ def eagle_price(lm, drafter, cost_model: cm.CostModel, *, depth: int = 6, rounds
     prompt = torch.randint(0, lm.vocab_size, (64,), generator=torch.Generator().manual_seed(0)).tolist()
     with torch.inference_mode():
         states = lm.model(torch.tensor([prompt], device=lm.device), output_hidden_states=True).hidden_states
-    features = torch.cat([states[i][0] for i in (-1, *getattr(drafter, "aux_layers", ()))], -1)
+    features = torch.cat([states[i][0] for i in lm.feature_layers], -1)          # as a step hands them over
     updates, grown = [], {1: [], depth: []}
     for _ in range(rounds + 1):                               # the first round warms up
         source = EagleSource(drafter, EAGLE_NODES, depth)

@@ -3,7 +3,7 @@
     python -m experiments.tools.medusa                                        # SmolLM2-135M: about 20-30 min here
     python -m experiments.tools.medusa model=qwen25_coder_05b tokens=60000
     python -m experiments.tools.medusa model=smollm2_135m show=true           # where they are, how they did
-    python -m experiments.reporting.drafters results/medusa                     # the benchmark runs as one table
+    python -m experiments.reporting.drafters results/medusa                   # the benchmark runs as one table
 
 Configured by ``conf/medusa.yaml`` (the ``model`` group of ``run.py`` and this tool's keys, typed by
 :class:`MedusaConfig`); a bad key or value fails in one line naming it, before torch loads.
