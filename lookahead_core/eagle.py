@@ -183,7 +183,7 @@ class Eagle3Drafter(_OnBase):
             raise ValueError(f"an EAGLE-3 drafter reads the outputs of decoder layers {list(layer_ids)}; the base "
                              f"has layers 0..{layers - 1}")
         self.config, self.layer_ids = config, layer_ids
-        self.aux_layers = tuple(i + 1 for i in layer_ids)      # their indices in the base's hidden_states
+        self.aux_layers = outputs_in_hidden_states(layer_ids)
         self.norm_before_residual = norm_before_residual
         self.fc = nn.Linear(len(layer_ids) * hidden, hidden, bias=False)
         self.midlayer = LlamaDecoderLayer(config, layer_idx=0)
@@ -245,6 +245,12 @@ def eagle3_config(model: nn.Module, draft_vocab: int | None = None):
                        max_position_embeddings=position_limit(base) or 4096, vocab_size=base.vocab_size,
                        draft_vocab_size=draft_vocab or base.vocab_size, tie_word_embeddings=False,
                        attn_implementation="sdpa")
+
+
+def outputs_in_hidden_states(layer_ids: Sequence[int]) -> tuple[int, ...]:
+    """Where the outputs of decoder layers ``layer_ids`` sit in a model's ``hidden_states`` (the
+    embeddings come first): what an EAGLE-3 drafter fuses, as the step returns it."""
+    return tuple(i + 1 for i in layer_ids)
 
 
 def default_layer_ids(model: nn.Module) -> tuple[int, int, int]:

@@ -217,7 +217,7 @@ def train(s: EagleTrainConfig) -> Path:
 
     out = drafter_folder(s)
     layer_ids = (lambda m: tuple(s.layer_ids)) if s.layer_ids is not None else eagle.default_layer_ids
-    layers = (-1,) if s.version == 1 else (lambda m: (-1, *(i + 1 for i in layer_ids(m))))
+    layers = (-1,) if s.version == 1 else (lambda m: (-1, *eagle.outputs_in_hidden_states(layer_ids(m))))
     base = distil(s.model, s.tokens, s.seed, out / "work", s.device, s.threads, layers, s.answers)
     model, tokens, hidden, argmax, g = base.model, base.tokens, base.hidden, base.argmax, base.generator
     train_chunks, eval_chunks = base.train_chunks, base.eval_chunks
