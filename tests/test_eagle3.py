@@ -404,3 +404,10 @@ def test_suite_eagle_runs_every_drafter_and_the_report_tabulates_them(tmp_path, 
     assert share["training-free tree"] == "" and share["auto, training-free"] == ""
     assert "| depth 1 |" in text.split("## EAGLE nodes")[1].splitlines()[2]
     assert "## A projection, not a measurement" in text
+    costs = text.split("## Where a step's time goes")[1].split("\n\n## ")[0]
+    costs = {line.split(" | ")[2]: line.split(" | ") for line in costs.splitlines() if line.startswith("| tiny_llama")}
+    for decoder in ("EAGLE alone", "Medusa heads alone", "training-free tree"):   # the parts add up to the speedup
+        forward, drafter, rest, step, ratio = (float(x.strip(" |x\n")) for x in costs[decoder][4:9])
+        assert step == pytest.approx(forward + drafter + rest, abs=0.015) and forward > 0 and rest > 0
+        assert ratio == pytest.approx(float(rows[decoder].split(" | ")[8].rstrip("x")), abs=0.011)
+    assert float(costs["EAGLE alone"][5]) > 0 and float(costs["training-free tree"][5]) == 0

@@ -656,13 +656,18 @@ def test_eagle_decoders_load_their_drafter_and_match_greedy_or_say_how_to_train_
         run(tmp_path / "bad", *MTBENCH, f"decoders=[{{use:eagle,drafter:'{tmp_path / 'nowhere'}'}}]")
 
 
-@pytest.mark.parametrize("heldout, used", [(0.95, True), (0.0, False)])
-def test_auto_prices_the_models_eagle_drafter_and_takes_it_in_only_where_it_pays(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, heldout: float, used: bool) -> None:
+@pytest.mark.parametrize("heldout, trial", [(0.0, None), (0.95, "measured"), (0.95, "with faster")])
+def test_auto_tries_the_models_eagle_drafter_and_takes_it_in_only_where_it_pays(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, heldout: float, trial: str | None) -> None:
     """``decoding=auto`` (online) with an EAGLE drafter trained for the job's model: it measures what
-    the drafter's update and levels cost in greedy steps of the curve, takes it into the widest tree
-    (its levels priced by ``draft_cost``) when its held-out acceptance pays for them, else leaves it
-    out, says so in the record, and decodes greedy's tokens either way; a rerun keeps the record."""
+    the drafter's update and levels cost in greedy steps of the curve; where its held-out acceptance
+    cannot pay for them it leaves it out untried; else it decodes the calibration items (not
+    evaluated) with the widest tree without and with the drafter's nodes, interleaved, and takes the
+    drafter in (its levels priced by ``draft_cost``) only where that took less time per token. The
+    record says which, with the figures; greedy's tokens either way; a rerun keeps the record. The
+    third case fixes the trial's outcome (the tiny model's timings decide the second) to see the
+    drafter join and decode."""
+    from experiments.decoders import autotune
     from experiments.models.heads import heads_dir
     from experiments.models.loader import tiny_random_model
     from lookahead_core.eagle import Eagle3Drafter, default_layer_ids, eagle3_config, save_drafter
@@ -671,12 +676,32 @@ def test_auto_prices_the_models_eagle_drafter_and_takes_it_in_only_where_it_pays
     model = tiny_random_model("llama")
     save_drafter(Eagle3Drafter(model, eagle3_config(model), default_layer_ids(model)), heads_dir("tiny_llama", kind="eagle"),
                  training={"acceptance": [heldout, heldout / 2]})
+    if trial == "with faster":
+        measured = autotune.eagle_trial
+
+        def faster(*args, **kwargs):
+            out = measured(*args, **kwargs)
+            out["with"]["seconds_per_token"] = out["without"]["seconds_per_token"] / 2
+            return out
+
+        monkeypatch.setattr(autotune, "eagle_trial", faster)
     path = run(tmp_path, *MTBENCH, "dataset.turns=1", "decoding=auto", base=TINY_MODEL)
     record = json.loads(path.with_suffix(".auto.json").read_text())
     eagle = record["eagle"]
-    assert eagle["used"] is used and eagle["heldout_acceptance"][0] == heldout
+    assert eagle["heldout_acceptance"][0] == heldout
     price = eagle["price_in_greedy_steps"]
     assert price["update"] > 0 and price["first_level"] > 0 and price["level"] >= 0
+    if trial is None:
+        assert eagle["trial"] is None and eagle["used"] is False and "cannot pay" in record["markdown"]
+    else:
+        tried = eagle["trial"]
+        assert tried["prompts"] >= 1 and tried["seconds"] > 0
+        assert tried["with"]["tokens"] == tried["without"]["tokens"] > 0          # greedy: the same tokens
+        assert tried["with"]["draft_seconds"] > 0 and tried["without"]["draft_seconds"] == 0
+        faster = tried["with"]["seconds_per_token"] < tried["without"]["seconds_per_token"]
+        assert eagle["used"] is faster and (trial == "measured" or faster)
+        assert f"Tried on {tried['prompts']} calibration items" in record["markdown"]
+    used = eagle["used"]
     assert ("_eg16" in record["chosen"] and "_dc" in record["chosen"]) is used
     df = read_rows(path)
     auto = df[~df["baseline"]]

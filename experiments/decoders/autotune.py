@@ -20,6 +20,7 @@ What a calibration measures is also kept for other jobs, outside the repository,
 
 from __future__ import annotations
 
+import copy
 import datetime
 import hashlib
 import json
@@ -233,13 +234,40 @@ def eagle_price(lm, drafter, cost_model: cm.CostModel, *, depth: int = 6, rounds
             "level": level / one, "greedy_step_seconds": one}
 
 
-def consider_eagle(lm, record: dict, folder: Path, path: Path) -> dict:
-    """The online pick with the model's EAGLE drafter (in ``folder``) considered: priced on this
-    device (:func:`eagle_price`), it joins the widest tree (``EAGLE_NODES`` nodes, its levels priced
-    by ``draft_cost``, so each step's tree stops where a level costs more than it can add) when the
-    acceptance its first draft token is expected to bring (the drafter's held-out acceptance at
-    depth 1, from its training record; 0.5 when it has none) pays for a step's update and first
-    level. Written into ``record`` (``eagle``) and to ``path``."""
+def eagle_trial(lm, prompts: list[list[int]], limits: DecodeLimits, configs: dict[str, LookaheadConfig], *,
+                sampling: SamplingConfig | None = None, prior: DraftStats | None = None) -> dict:
+    """Decode ``prompts`` (items that are not evaluated) with each of ``configs``, interleaved per
+    prompt (the order turning each prompt) after a 16-token warm-up of each, every decode starting
+    from ``prior``; per config: decode seconds per committed token, S and the drafter's seconds."""
+    from lookahead_core import DecodeState
+
+    def run(config: LookaheadConfig, prompt: list[int], limit: DecodeLimits):
+        state = DecodeState(cache=None, cached_tokens=[], drafts=copy.deepcopy(prior)) if prior is not None else None
+        return decode(lm, prompt, config, limit, sampling, state=state).stats
+
+    for config in configs.values():
+        run(config, prompts[0], replace(limits, max_new_tokens=16))
+    totals = {name: [0.0, 0, 0, 0.0] for name in configs}          # seconds, tokens, steps, drafter seconds
+    names = list(configs)
+    for i, prompt in enumerate(prompts):
+        for name in names[i % len(names):] + names[:i % len(names)]:
+            stats = run(configs[name], prompt, limits)
+            for k, v in enumerate((stats.decode_seconds, stats.new_tokens, stats.steps, stats.draft_seconds)):
+                totals[name][k] += v
+    return {name: {"seconds_per_token": t[0] / max(t[1], 1), "S": t[1] / max(t[2], 1), "tokens": t[1],
+                   "draft_seconds": t[3]} for name, t in totals.items()}
+
+
+def consider_eagle(lm, record: dict, folder: Path, path: Path, prompts: list[list[int]], limits: DecodeLimits, *,
+                   sampling: SamplingConfig | None = None, prior: DraftStats | None = None) -> dict:
+    """The online pick with the model's EAGLE drafter (in ``folder``) considered. Priced on this
+    device (:func:`eagle_price`); where its held-out acceptance at depth 1 (from its training
+    record; 0.5 when it has none) cannot even pay for a step's update and first level, it is left
+    out at once. Else both trees, the widest without and with the drafter's ``EAGLE_NODES`` best
+    nodes (its levels priced by ``draft_cost``, so each step's tree stops where a level costs more
+    than it can add), decode ``prompts`` (:func:`eagle_trial`: items that are not evaluated), and
+    the drafter joins only if its tree took less time per token. Written into ``record``
+    (``eagle``) and to ``path``."""
     from lookahead_core.eagle import load_drafter
 
     drafter = lm.drafters.get("eagle") or load_drafter(folder, lm.model)
@@ -247,21 +275,28 @@ def consider_eagle(lm, record: dict, folder: Path, path: Path) -> dict:
     chosen = chosen_config(record)
     price = eagle_price(lm, drafter, cm.CostModel.from_rows(record["latency"]))
     acceptance = (getattr(drafter, "training_record", None) or {}).get("acceptance") or [0.5]
-    used = chosen is not None and acceptance[0] > price["update"] + price["first_level"]
+    trial, started = None, time.perf_counter()
+    if chosen is not None and prompts and acceptance[0] > price["update"] + price["first_level"]:
+        with_eagle = replace(chosen, sources={**dict(chosen.sources), "eagle": EAGLE_NODES}, draft_cost=price["level"])
+        trial = eagle_trial(lm, prompts, limits, {"without": chosen, "with": with_eagle}, sampling=sampling, prior=prior)
+        trial["prompts"], trial["seconds"] = len(prompts), time.perf_counter() - started
+    used = trial is not None and trial["with"]["seconds_per_token"] < trial["without"]["seconds_per_token"]
     record["eagle"] = {"drafter": str(folder), "price_in_greedy_steps": {k: round(v, 4) for k, v in price.items()},
-                       "heldout_acceptance": acceptance, "used": used}
-    if used:
-        sources = {**dict(chosen.sources), "eagle": EAGLE_NODES}
-        chosen = replace(chosen, sources=sources, draft_cost=price["level"])
-        record["chosen"], record["chosen_config"] = config_label(chosen), config_fields(chosen)
-        record["markdown"] += (f"\n\nWith the model's EAGLE drafter ({folder}): a step's update costs "
-                               f"{price['update']:.3f} greedy steps, its first level {price['first_level']:.3f} and "
-                               f"each further one {price['level']:.3f}; held-out acceptance at depth 1 "
-                               f"{acceptance[0]:.2f}: its {EAGLE_NODES} best nodes join the tree.")
+                       "heldout_acceptance": acceptance, "trial": trial, "used": used}
+    head = (f"\n\nThe model's EAGLE drafter ({folder}): a step's update costs {price['update']:.3f} greedy steps, "
+            f"its first level {price['first_level']:.3f} and each further one {price['level']:.3f}; held-out "
+            f"acceptance at depth 1 {acceptance[0]:.2f}")
+    if trial is None:
+        record["markdown"] += head + (": left out, that cannot pay for a step's update and first level." if prompts
+                                      else ": left out, no calibration item to try it on.")
     else:
-        record["markdown"] += (f"\n\nThe model's EAGLE drafter ({folder}) is left out: its held-out acceptance "
-                               f"at depth 1 ({acceptance[0]:.2f}) does not pay for a step's update and first "
-                               f"level ({price['update'] + price['first_level']:.3f} greedy steps).")
+        a, b = trial["with"], trial["without"]
+        record["markdown"] += head + (
+            f". Tried on {len(prompts)} calibration items: {1e3 * a['seconds_per_token']:.1f} ms a token at S "
+            f"{a['S']:.2f} with its {EAGLE_NODES} best nodes in the tree, {1e3 * b['seconds_per_token']:.1f} ms at "
+            f"S {b['S']:.2f} without: " + ("it joins the tree." if used else "left out."))
+    if used:
+        record["chosen"], record["chosen_config"] = config_label(with_eagle), config_fields(with_eagle)
     write_json(path, record)
     return record
 

@@ -332,13 +332,13 @@ class AutoDecoder(CoreDecoder):
                   if params.predict and isinstance(d, CoreDecoder) and d.config is not None and d is not self]
         sampling = None if job.settings.sampling.greedy else job.settings.sampling
         path = job.auto_record_path(self.name)
+        prompts = [job.prompt_ids(item, 0, ()) for item in items]
+        limits = dataclasses.replace(job.settings.limits, max_new_tokens=params.calibration_tokens)
         self.record, self.store, self.prior = autotune.prepare(
-            job.lm, job.settings.model.name, job.settings.dataset.name, [item.item_id for item in items],
-            [job.prompt_ids(item, 0, ()) for item in items],
-            dataclasses.replace(job.settings.limits, max_new_tokens=params.calibration_tokens), path,
-            protocol=params.protocol, sampling=sampling, always=always, batch=job.settings.batch_size,
+            job.lm, job.settings.model.name, job.settings.dataset.name, [item.item_id for item in items], prompts,
+            limits, path, protocol=params.protocol, sampling=sampling, always=always, batch=job.settings.batch_size,
             recalibrate=params.recalibrate)
-        self.consider_eagle(job, path)
+        self.consider_eagle(job, path, prompts, limits, sampling)
         self.config = autotune.chosen_config(self.record, seed=self.seed)
         if self.prior is None and self.config is not None:
             from lookahead_core import DraftStats
@@ -347,10 +347,11 @@ class AutoDecoder(CoreDecoder):
         print(f"{self.name}: {autotune.describe(self.record, path)}")
 
 
-    def consider_eagle(self, job, path: Path) -> None:
+    def consider_eagle(self, job, path: Path, prompts: list[list[int]], limits, sampling) -> None:
         """Protocol online, where an EAGLE drafter was trained for the job's model (``heads_dir``):
-        price it on this device and let it join the tree if it pays (``autotune.consider_eagle``);
-        a resumed job whose record took it in loads it again."""
+        price it on this device, try it on the calibration items ``prompts`` and let it join the
+        tree if it pays there (``autotune.consider_eagle``); a resumed job whose record took it in
+        loads it again."""
         from experiments.models.heads import heads_dir
         from experiments.decoders import autotune
 
@@ -361,7 +362,8 @@ class AutoDecoder(CoreDecoder):
 
                 job.lm.drafters["eagle"] = load_drafter(self.record["eagle"]["drafter"], job.model)
         elif self.params.protocol == "online" and self.params.eagle and (folder / "config.json").is_file():
-            self.record = autotune.consider_eagle(job.lm, self.record, folder, path)
+            self.record = autotune.consider_eagle(job.lm, self.record, folder, path, prompts, limits,
+                                                  sampling=sampling, prior=self.prior)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -7,7 +7,8 @@ Per model and set: every decoder's S (mean tokens committed per step, what EAGLE
 mean accepted tokens), tokens fed per step, the share of its decode time in a drafter's own forwards
 (``draft_s``) and speedup over the jobs' baseline (``generate`` greedy in ``scripts/runs/medusa`` and
 ``scripts/runs/eagle``), named by its role in the comparison; then the trained sources' acceptance
-per depth (Medusa's per head) and the decoders' time outside the model. The drafters themselves:
+per depth (Medusa's per head); where each step's time goes (the base's forward, the drafter, the host,
+in greedy steps: which cost holds a decoder back); a labelled flat-curve projection. The drafters themselves:
 ``python -m experiments.tools.medusa|eagle model=<name> show=true``.
 """
 
@@ -74,20 +75,26 @@ def draft_share(df: pd.DataFrame) -> dict[str, float]:
     return {d: r["draft_s"] / r["decode_s"] for d, r in sums.iterrows() if r["draft_s"] > 0 and r["decode_s"] > 0}
 
 
-def projection(df: pd.DataFrame) -> list[dict]:
-    """A labelled projection, not a measurement: each core decoder's speedup where a step costs the
-    same whatever it feeds (a GPU's flat curve at batch 1 for small trees, assumed) and a drafter's
-    forwards cost the same share of a base step as they did here: S / (1 + d), with S its measured
-    tokens per step and d its drafter seconds per step over the baseline's seconds per token."""
+def time_per_step(df: pd.DataFrame) -> list[dict]:
+    """Where each core decoder's step goes, measured, in units of the baseline's decode seconds per
+    token (one greedy step): the base model's forward (``model_s``: what feeding the tree costs), a
+    drafter's own forwards (``draft_s``) and the rest (host work: drafting from tables, the tree,
+    acceptance), per step; with S, tokens committed per step, ``S / (forward + drafter + rest)`` is
+    the decoder's speedup. Then a labelled projection, not a measurement: S / (1 + drafter), where a
+    step costs one greedy step whatever it feeds (a GPU's flat curve at batch 1 for small trees,
+    assumed) and the drafter costs the share of a base step it did here."""
     base = df[df["baseline"].fillna(False)]
     if not len(base) or "draft_s" not in df:
         return []
     token_s = base["decode_s"].sum() / base["new_tokens"].sum()
     out = []
     for decoder, rows in df[(df["family"] == "core") & ~df["baseline"].fillna(False)].groupby("decoder"):
-        s, steps = rows["new_tokens"].sum() / rows["steps"].sum(), rows["steps"].sum()
-        d = rows["draft_s"].fillna(0).sum() / steps / token_s
-        out.append({"decoder": decoder, "S": s, "draft per step (greedy steps)": d, "projected": s / (1 + d)})
+        steps = rows["steps"].sum()
+        forward, draft = rows["model_s"].sum() / steps / token_s, rows["draft_s"].fillna(0).sum() / steps / token_s
+        rest = rows["decode_s"].sum() / steps / token_s - forward - draft
+        s = rows["new_tokens"].sum() / steps
+        out.append({"decoder": decoder, "S": s, "forward": forward, "drafter": draft, "rest": rest,
+                    "speedup": s / (forward + draft + rest), "projected": s / (1 + draft)})
     return out
 
 
@@ -100,7 +107,7 @@ def collect(root: Path) -> str:
     """``root``'s result CSVs (``scripts/runs/medusa/bench.sh``, ``scripts/runs/eagle/bench.sh``) as
     one table: per model and set, every decoder's S, tokens fed per step, drafter's share and speedup
     over the baseline; then the trained sources' acceptance per depth. Written to ``root/table.md``."""
-    speed, depths, projected = [], {"medusa": [], "eagle": []}, []
+    speed, depths, costs, projected = [], {"medusa": [], "eagle": []}, [], []
     rows = report.load_results([root])
     for (model, experiment), df in rows.groupby(["model", "experiment"], sort=True):
         drafting = draft_share(df)
@@ -112,10 +119,12 @@ def collect(root: Path) -> str:
                           "outside the model": f"{100 * r['overhead']:.0f}%",
                           "equal to greedy": f"{r['matches_greedy']:.0%}"})
         labels = labels_of(df)
-        for r in projection(df):
-            projected.append({"model": model, "set": experiment, "decoder": role(labels[r["decoder"]]),
-                              "S": f"{r['S']:.2f}", "drafter per step (greedy steps, here)":
-                              f"{r['draft per step (greedy steps)']:.2f}", "projected speedup": f"{r['projected']:.2f}x"})
+        for r in time_per_step(df):
+            where = {"model": model, "set": experiment, "decoder": role(labels[r["decoder"]]), "S": f"{r['S']:.2f}"}
+            costs.append({**where, **{k: f"{r[k]:.2f}" for k in ("forward", "drafter", "rest")},
+                          "step": f"{r['forward'] + r['drafter'] + r['rest']:.2f}", "S / step": f"{r['speedup']:.2f}x"})
+            projected.append({**where, "drafter per step (greedy steps, here)": f"{r['drafter']:.2f}",
+                              "projected speedup": f"{r['projected']:.2f}x"})
         acceptance = draft_acceptance(df)
         if len(acceptance):
             for source, name in (("medusa", "head"), ("eagle", "depth")):
@@ -132,6 +141,11 @@ def collect(root: Path) -> str:
         if depths[source]:
             text += f"\n\n## {what}, summed over prompts\n\n"
             text += markdown(pd.DataFrame(depths[source], dtype=object).fillna("-"))
+    if costs:
+        text += ("\n\n## Where a step's time goes, in greedy steps (the baseline's decode seconds per token): "
+                 "the base model's forward over what the step feeds, the drafter's own forwards, the rest "
+                 "(host work); S / step is the speedup\n\n")
+        text += markdown(pd.DataFrame(costs, dtype=object))
     if projected and any(r["drafter per step (greedy steps, here)"] != "0.00" for r in projected):
         text += ("\n\n## A projection, not a measurement: flat step cost (a GPU at batch 1, assumed), the "
                  "drafter's share of a step as here: S / (1 + drafter per step)\n\n")
