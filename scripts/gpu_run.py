@@ -13,7 +13,8 @@ transformers, the standard library and ``lookahead_core`` only (not the harness:
     flex_attention: greedy, lookahead W5 N4 G5 with and without the prompt
     pool, pool-only N4 G4 with a pool the decoder keeps (capacity G, ``keep_pool``) pre-filled with
     the greedy text's n-grams (it must take fewer steps than greedy), token trees (pool-only, and
-    lookahead with the pool), Medusa with random heads, and ``decode_batch`` of ragged prompts
+    lookahead with the pool), Medusa with random heads, an EAGLE-3 drafter with random weights
+    (alone, and mixed with the suffix and recycle sources), and ``decode_batch`` of ragged prompts
     (greedy and lookahead): every output is compared with greedy and a difference judged by
     ``lookahead_core.divergence``. A mismatch (a departure at a confident token), a failed probe,
     an error, or a pool that does not cut steps fails the run (exit 1); near-ties are counted.
@@ -21,11 +22,13 @@ transformers, the standard library and ``lookahead_core`` only (not the harness:
     after KV 512 and 2048 (``cost.measure_latency``: wall clock, synchronized on the model's
     device) under SDPA and flex_attention (its compile in the first, untimed round); and the decode loop's cost per step outside the forward for greedy and for steps that
     accept drafts (pool pre-filled with the greedy continuation's n-grams): pool-only N4 G4, the
-    paper's W15 N5 G15, and auto's widest tree cut with this device's curve; with host<->device
+    paper's W15 N5 G15, auto's widest tree cut with this device's curve, and an EAGLE-3 drafter of the
+    shape's width (random weights, every level grown: its forwards are host time here); with host<->device
     copies and synchronizations per step (the profiler's CUDA trace, and ``set_sync_debug_mode``).
 (c) projection: the speedup each mission shape would get at the paper's config and at ``auto``,
-    from S and tokens fed per step measured on the CPU with the real offline models (the committed
-    rows under results/) and this device's t(k) and host cost. A projection, labelled one.
+    and at EAGLE's trees (alone, and mixed with the training-free sources), from S and tokens fed per
+    step measured on the CPU with the real offline models and the drafters trained for them (the
+    committed rows under results/) and this device's t(k) and host cost. A projection, labelled one.
 (d) files, rewritten as each piece finishes (a kill keeps what was done): summary.md, run.json,
     log.txt, correctness.csv, latency.csv, host.csv, projection.csv. A hard budget (``--budget``,
     from the process start) skips what would not fit, with a note, and an alarm stops a piece that
@@ -72,6 +75,7 @@ from lookahead_core import (  # noqa: E402
 )
 from lookahead_core import cost as cm  # noqa: E402
 from lookahead_core.config import config_label  # noqa: E402
+from lookahead_core.eagle import Eagle3Drafter, default_layer_ids, eagle3_config  # noqa: E402
 from lookahead_core.flex import FALLBACK_WARNING, rearm_fallback_warning  # noqa: E402
 from lookahead_core.medusa import for_model  # noqa: E402
 
@@ -163,9 +167,14 @@ CHECKS: dict[str, LookaheadConfig] = {
                                       sources={"suffix": 4, "recycle": 4}, depth=6,
                                       budget=LOOKAHEAD.max_tokens_per_step),
     "medusa": LookaheadConfig(window=1, ngram=4, guess=0, pool_only=True, tree=True, depth=4, sources={"medusa": 15}),
+    "eagle": LookaheadConfig(window=1, ngram=4, guess=0, pool_only=True, tree=True, depth=6, sources={"eagle": 10}),
+    "eagle_tree": LookaheadConfig(window=1, ngram=4, guess=4, pool_only=True, prompt_pool=True, tree=True, depth=6,
+                                  budget=12, sources={"suffix": 4, "recycle": 4, "eagle": 10}),
 }
+DRAFTED = ("medusa", "eagle", "eagle_tree")      # the checks whose model carries the random drafters
 BATCH_CHECKS: dict[str, LookaheadConfig | None] = {"batch_greedy": None, "batch_lookahead_pool": CHECKS["lookahead_pool"]}
 MEDUSA_HEADS = 4
+EAGLE_DRAFT_VOCAB = 32000       # EAGLE-3's published drafters for Llama-3.1-8B draft over 32k tokens
 
 # (b): the decode loop's host cost, on steps that accept drafts.
 PAPER = LookaheadConfig(window=15, ngram=5, guess=15)
@@ -177,6 +186,7 @@ FLEX_ORDER = ("llama2_7b", "mistral_7b", "llama3_8b", "codellama_7b")
 SOURCES: tuple[tuple[str, str, tuple[str, ...] | None], ...] = (
     ("paper", "results/scaling/*/*/w16_n5+*.csv.gz", ("w16_n5", "w16_n5_pool")),
     ("auto", "results/auto_stream/*/*/*.csv.gz", ("auto",)),
+    ("eagle", "results/eagle/*/*/*/*.csv.gz", ("pool_N4G0_tree_eg10_d6", "pool_N4G4_tree_sfx4_rc4_eg10_d6_k12")),
 )
 
 OUT_FILES = ("summary.md", "run.json", "log.txt", "correctness.csv", "latency.csv", "host.csv", "projection.csv")
@@ -387,6 +397,18 @@ def random_heads(model: torch.nn.Module, seed: int = 0):
     return heads
 
 
+def random_eagle(model: torch.nn.Module, seed: int = 0) -> Eagle3Drafter:
+    """An EAGLE-3 drafter for ``model`` (its width, its default fused layers, a draft vocabulary of
+    at most ``EAGLE_DRAFT_VOCAB`` tokens), random weights, on the model's device and dtype."""
+    vocab = model.config.vocab_size
+    draft = list(range(EAGLE_DRAFT_VOCAB)) if vocab > EAGLE_DRAFT_VOCAB else None
+    torch.manual_seed(seed)
+    with torch.device(model.device):
+        drafter = Eagle3Drafter(model, eagle3_config(model, None if draft is None else len(draft)),
+                                default_layer_ids(model), vocab=draft)
+    return drafter.to(model.dtype)
+
+
 # ---------------------------------------------------------------------------------------------
 # (a) correctness
 
@@ -396,11 +418,12 @@ def judge(lm: CausalLM, prompt: list[int], base: list[int], tokens: list[int]) -
     return ("equal", None) if found is None else (found.verdict, found.margin)
 
 
-def check_attention(run: Run, key: str, model, heads, plan: Plan, attention: str) -> None:
-    """Every decoder of CHECKS and BATCH_CHECKS against greedy on ``model`` as it is loaded now."""
+def check_attention(run: Run, key: str, model, drafters: dict, plan: Plan, attention: str) -> None:
+    """Every decoder of CHECKS and BATCH_CHECKS against greedy on ``model`` as it is loaded now
+    (those of DRAFTED with ``drafters`` on it)."""
     started = time.perf_counter()
     lm = CausalLM(model)
-    medusa_lm = CausalLM(model, drafters={"medusa": heads})
+    drafted = CausalLM(model, drafters=drafters)
     label = f"{key} {attention}"
     result = probe(lm)
     run.probes.append({"family": key, "attention": attention, "passed": result.passed, "max_diff": result.max_diff,
@@ -430,7 +453,7 @@ def check_attention(run: Run, key: str, model, heads, plan: Plan, attention: str
         for prompt, base in zip(prompts, greedy):
             try:
                 state = used_pool(config, prompt, base.tokens) if name == "pool_used" else None
-                out = decode(medusa_lm if name == "medusa" else lm, prompt, config, limits, state=state)
+                out = decode(drafted if name in DRAFTED else lm, prompt, config, limits, state=state)
                 verdict, margin = judge(lm, prompt, base.tokens, out.tokens)
                 steps += out.stats.steps
             except Exception as error:  # noqa: BLE001 - any failure is a finding, the run goes on
@@ -475,13 +498,13 @@ def check_attention(run: Run, key: str, model, heads, plan: Plan, attention: str
 def check_family(run: Run, key: str, attention: str, plan: Plan, device: torch.device, tiny: bool) -> None:
     """(a) for one family under one attention implementation: a model of its own, freed after."""
     model = build(FAMILIES[key], device, torch.float32, tiny=tiny, layers=plan.check_layers, window=plan.check_window)
-    heads = random_heads(model)
+    drafters = {"medusa": random_heads(model), "eagle": random_eagle(model)}
     if attention == "flex_attention":
         to_flex(model)
     rearm_fallback_warning()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        check_attention(run, key, model, heads, plan, attention)
+        check_attention(run, key, model, drafters, plan, attention)
     if any(FALLBACK_WARNING in str(w.message) for w in caught):
         run.notes.append(f"(a) {key} {attention}: flex_attention ran uncompiled (torch's fallback)")
 
@@ -573,17 +596,20 @@ def traffic_per_step(decode_with: Callable[[DecodeLimits], object], tokens: int,
 
 
 def host_costs(run: Run, key: str, model, curve: cm.CostModel, plan: Plan, kv_length: int, traffic: bool) -> None:
-    """ms per step outside the forward, for greedy and for configs whose steps accept drafts; with
-    ``traffic``, their copies and syncs per step too (the same for every model of these 32 layers)."""
+    """ms per step outside the forward, for greedy and for configs whose steps accept drafts, and for
+    an EAGLE-3 drafter's tree (random weights: every level grown, its forwards counted apart too);
+    with ``traffic``, their copies and syncs per step too (the same for every model of these 32 layers)."""
     device = model.device
-    plain, timed = CausalLM(model), CausalLM(model)
+    drafters = {"eagle": random_eagle(model)}                 # used only by the config that drafts with it
+    plain, timed = CausalLM(model, drafters=drafters), CausalLM(model, drafters=drafters)
     timer = ForwardTimer(timed)
     prompt = torch.randint(0, model.config.vocab_size, (kv_length,), generator=torch.Generator().manual_seed(2)).tolist()
     limits = DecodeLimits(max_new_tokens=plan.host_tokens)
     greedy = decode(plain, prompt, None, limits).tokens
     auto = cm.widest_tree(curve)
     configs = {"greedy": None, "pool_N4G4 (prefilled)": POOL, "paper la_N5W15G15 (prefilled)": PAPER,
-               f"auto {config_label(auto)} (prefilled, this device's cut)": auto}
+               f"auto {config_label(auto)} (prefilled, this device's cut)": auto,
+               "eagle EAGLE-3 drafter, 10 nodes, 6 levels (random weights)": CHECKS["eagle"]}
     for name, config in configs.items():
         started = time.perf_counter()
 
@@ -604,6 +630,7 @@ def host_costs(run: Run, key: str, model, curve: cm.CostModel, plan: Plan, kv_le
                    "ms_per_step": 1e3 * stats.decode_seconds / max(stats.steps, 1),
                    "forward_ms_per_step": 1e3 * forward / max(stats.steps, 1),
                    "host_ms_per_step": 1e3 * (stats.decode_seconds - forward) / max(stats.steps, 1),
+                   "draft_ms_per_step": 1e3 * stats.draft_seconds / max(stats.steps, 1),
                    "matches_greedy": out.tokens == greedy[: len(out.tokens)]}
             if traffic and device.type == "cuda":
                 row.update(traffic_per_step(decode_with, plan.traffic_tokens, device), traffic=True)
@@ -614,7 +641,8 @@ def host_costs(run: Run, key: str, model, curve: cm.CostModel, plan: Plan, kv_le
         run.host.append(row)
         run.say(f"(b) {key} host: {name}: " + (row["error"] if "error" in row else
                 f"{row['accepted_per_step']:.2f} accepted / {row['fed_per_step']:.1f} fed a step, "
-                f"{row['host_ms_per_step']:.2f} ms host + {row['forward_ms_per_step']:.2f} ms forward"
+                f"{row['host_ms_per_step']:.2f} ms host (of it {row['draft_ms_per_step']:.2f} ms drafter) + "
+                f"{row['forward_ms_per_step']:.2f} ms forward"
                 + (f", {row['syncs_per_step']:.1f} syncs, {row['h2d_per_step']:.1f} H2D a step"
                    if row.get("syncs_per_step") is not None else "")))
         run.save()
@@ -801,7 +829,7 @@ def project(run: Run, curves: dict, tiny: bool) -> None:
     for row in run.host:
         if "error" not in row:
             kind = "greedy" if row["decoder"] == "greedy" else "paper" if "paper" in row["decoder"] else \
-                "auto" if row["decoder"].startswith("auto") else None
+                "auto" if row["decoder"].startswith("auto") else "eagle" if row["decoder"].startswith("eagle") else None
             if kind:
                 hosts[(row["model"], kind)] = row["host_ms_per_step"] / 1e3
     rows = []
@@ -878,7 +906,7 @@ def summary(run: Run) -> str:
                   "copies and syncs per step from the profiler's CUDA trace (a decode's minus its prefill's) and "
                   "`torch.cuda.set_sync_debug_mode` warnings (empty on the CPU):", "",
                   markdown(run.host, ["model", "decoder", "fed_per_step", "accepted_per_step", "ms_per_step",
-                                      "forward_ms_per_step", "host_ms_per_step", "h2d_per_step", "d2h_per_step",
+                                      "forward_ms_per_step", "host_ms_per_step", "draft_ms_per_step", "h2d_per_step", "d2h_per_step",
                                       "syncs_per_step", "sync_warnings_per_step", "matches_greedy"]), ""]
     lines += [PROJECTION_HEADING, ""]
     lines += [
@@ -894,9 +922,14 @@ def summary(run: Run) -> str:
         "- `auto`'s steps were cut against the CPU's curve (a few tokens a step); on this device auto would price "
         "its tree with the flatter curve above, feed more and commit at least as much a step. The projection keeps "
         "the CPU's steps, so it understates auto's S here.",
+        "- `eagle`: S and tokens fed per step of the EAGLE-3 drafters trained here for the offline models "
+        "(results/eagle: alone, and with the training-free tree); a 7B model's own EAGLE drafter accepts more "
+        "(EAGLE-2 commits 4.34 tokens a step on Spec-Bench with Vicuna-7B). Their host time is the (b) row of a "
+        "random drafter at the shape's width, which grows every level (trained ones stop early): an upper bound.",
         "- t(k): random-weight models of each mission model's shape at full depth in float16 on this device, batch "
         "1, the curve at the KV length in the column; host time: the (b) measurement for the nearest config "
-        "(the paper's W15 N5 G15, auto's tree) on that shape, greedy's for the baseline. Prefill excluded.", ""]
+        "(the paper's W15 N5 G15, auto's tree, the EAGLE tree) on that shape, greedy's for the baseline. Prefill "
+        "excluded.", ""]
     if run.projection:
         sdpa = [r for r in run.projection if r["attention"] == "sdpa" and r["kv_length"] == min(
             x["kv_length"] for x in run.projection)]

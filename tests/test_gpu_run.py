@@ -107,7 +107,9 @@ def test_tiny_run_times_curves_and_steps_that_accept(tiny_run):
         elif row["decoder"].startswith(("pool", "paper")):
             # the commit path is timed: steps commit several tokens (finding 10)
             assert float(row["accepted_per_step"]) > 1.5 and row["matches_greedy"] == "True"
-    assert {r["decoder"].split(" ")[0] for r in host} == {"greedy", "pool_N4G4", "paper", "auto"}
+        drafts = float(row["draft_ms_per_step"])         # the EAGLE drafter's forwards, inside the host time
+        assert (0 < drafts < float(row["host_ms_per_step"])) if row["decoder"].startswith("eagle") else drafts == 0
+    assert {r["decoder"].split(" ")[0] for r in host} == {"greedy", "pool_N4G4", "paper", "auto", "eagle"}
 
 
 def test_tiny_run_writes_a_projection_labelled_as_one(tiny_run):
@@ -123,7 +125,7 @@ def test_tiny_run_writes_a_projection_labelled_as_one(tiny_run):
     table = [line for line in section.splitlines() if line.startswith("| config |")][0]
     assert all(f"{n} shape (tiny), projected" in table for n in names)
     rows = read_csv(out / "projection.csv")
-    assert {r["config_from"] for r in rows} == {"paper", "auto"}
+    assert {r["config_from"] for r in rows} == {"paper", "auto", "eagle"}
     assert {r["shape"] for r in rows} == {f"{n} shape (tiny)" for n in names}
     for row in rows:
         assert (ROOT / row["S_file"]).is_file() and float(row["S"]) >= 1.0
@@ -213,6 +215,8 @@ def test_the_committed_rows_give_every_projection_its_s():
     auto = [s for s in sources if s["what"] == "auto"]
     assert {s["decoder"] for s in paper} >= {"w16_n5", "w16_n5_pool"}
     assert {s["model"] for s in auto} == {"smollm2_135m", "qwen25_coder_05b"} and len({s["dataset"] for s in auto}) >= 6
+    eagle = [s for s in sources if s["what"] == "eagle"]
+    assert {s["decoder"] for s in eagle} == set(dict(((w, d) for w, _, d in gpu_run.SOURCES))["eagle"])
     assert all(s["steps"] > 0 and s["S"] > 1 and s["fed"] for s in sources)
 
 

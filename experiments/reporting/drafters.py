@@ -144,7 +144,8 @@ def collect(root: Path) -> str:
     if costs:
         text += ("\n\n## Where a step's time goes, in greedy steps (the baseline's decode seconds per token): "
                  "the base model's forward over what the step feeds, the drafter's own forwards, the rest "
-                 "(host work); S / step is the speedup\n\n")
+                 "(host work); S here is committed tokens over steps of all prompts together, S / step the "
+                 "speedup\n\n")
         text += markdown(pd.DataFrame(costs, dtype=object))
     if projected and any(r["drafter per step (greedy steps, here)"] != "0.00" for r in projected):
         text += ("\n\n## A projection, not a measurement: flat step cost (a GPU at batch 1, assumed), the "
