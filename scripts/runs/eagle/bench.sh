@@ -14,8 +14,8 @@ for model in $models; do
     short=$([ "$model" = smollm2_135m ] && echo smollm2 || echo qwen)
     limit=$([ "$model" = smollm2_135m ] && echo 20 || echo 10)
     eagle=(tokens=120000 steps=1000 eval_every=100 lr=0.001 ce_positions=512 depth=6 draft_vocab=8192)
-    # Qwen's drafter, its heads and its four runs fit one 3-hour session of this 2-core CPU (about 50 +
-    # 10 + 80 minutes), on a machine whose caches may not outlive the session
+    # Qwen's drafter, its heads and its four runs fit one 3-hour session of this 2-core CPU (49 + 16 + 97
+    # minutes as measured on 2026-12-06, the sets two at a time), on a machine whose caches may not outlive it
     [ "$model" = qwen25_coder_05b ] && eagle=(tokens=60000 steps=300 eval_every=50 lr=0.001 ce_positions=512 \
         depth=6 draft_vocab=8192)
     medusa=(); [ "$model" = qwen25_coder_05b ] && medusa=(tokens=60000 steps=150)
