@@ -313,12 +313,23 @@ def test_a_task_class_own_operators_never_decide_a_comparison() -> None:
     assert '"failed' in reference_verdict("classeval", item, code).stdout
 
 
+# The ClassEval solutions that may fail here, each for a cause outside the grader (results/grading/README.md):
+# every other one must pass.
+CLASSEVAL_MAY_FAIL = {
+    "ClassEval_17": "its tests expect events of 2024 to be upcoming (datetime.now())",
+    "ClassEval_34": "needs docx", "ClassEval_38": "needs openpyxl", "ClassEval_44": "needs gensim",
+    "ClassEval_93": "needs gensim", "ClassEval_69": "needs PyPDF2", "ClassEval_52": "needs nltk data",
+    "ClassEval_48": "needs a hostname lookup", "ClassEval_51": "calls np.mat, gone in NumPy 2",
+    "ClassEval_35": "its solver runs near ClassEval's 5 s a test class on this CPU (passes or not by load)",
+    "ClassEval_58": "its tests are random (mine placement)",
+}  # fmt: skip
+
+
 @needs_bwrap
 @needs_full_data("humaneval", why="it grades every solution of HumanEval, MBPP and ClassEval (164 + 257 + 100)")
 def test_the_benchmarks_own_solutions_pass_as_before() -> None:
-    """Fidelity: every HumanEval and MBPP solution passes, and at least the 90 ClassEval solutions
-    that ClassEval's own pipeline passes here (the others need packages or network this machine
-    lacks: results/grading/README.md)."""
+    """Fidelity: every HumanEval and MBPP solution passes, and every ClassEval solution but the
+    named few that fail here for causes outside the grader (``CLASSEVAL_MAY_FAIL``)."""
     jobs = [functools.partial(check_humaneval, item.extra, item.reference)
             for item in get_dataset("humaneval").load(DATA_ROOT)]
     jobs += [functools.partial(check_mbpp, item.extra, item.reference) for item in get_dataset("mbpp").load(DATA_ROOT)]
@@ -327,7 +338,8 @@ def test_the_benchmarks_own_solutions_pass_as_before() -> None:
     results = _verdicts(jobs)
     code, ce = results[:-len(classeval)], results[-len(classeval):]
     assert len(code) == 164 + 257 and all(r.passed for r in code), [r.reason for r in code if not r.passed]
-    assert sum(r.passed for r in ce) >= 90, [(i.item_id, r.reason) for i, r in zip(classeval, ce) if not r.passed]
+    failed = {i.item_id: r.reason for i, r in zip(classeval, ce) if not r.passed}
+    assert len(classeval) == 100 and set(failed) <= set(CLASSEVAL_MAY_FAIL), failed
 
 
 def test_the_names_under_test_of_assert_lines() -> None:
