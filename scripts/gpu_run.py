@@ -181,12 +181,13 @@ PAPER = LookaheadConfig(window=15, ngram=5, guess=15)
 # flex_attention's pieces: MHA first, then GQA with a sliding window; the other two reuse their kernels.
 FLEX_ORDER = ("llama2_7b", "mistral_7b", "llama3_8b", "codellama_7b")
 
-# (c): where S comes from: (what, glob under the repository, decoders), rows of real models on the CPU;
-# ``--project GLOB`` adds ("rows", GLOB, None): every core decoder's rows there (forward-only projection).
-SOURCES: tuple[tuple[str, str, tuple[str, ...] | None], ...] = (
+# (c): where S comes from: (what, glob under the repository, which rows), rows of real models on the
+# CPU. Which rows: decoder names; a draft source's name as a string (the core rows whose config drafts
+# from it); None, every core decoder's rows (``--project GLOB`` adds ("rows", GLOB, None)).
+SOURCES: tuple[tuple[str, str, tuple[str, ...] | str | None], ...] = (
     ("paper", "results/scaling/*/*/w16_n5+*.csv.gz", ("w16_n5", "w16_n5_pool")),
     ("auto", "results/auto_stream/*/*/*.csv.gz", ("auto",)),
-    ("eagle", "results/eagle/*/*/*/*.csv.gz", ("pool_N4G0_tree_eg10_d6", "pool_N4G4_tree_sfx4_rc4_eg10_d6_k12")),
+    ("eagle", "results/eagle/*/*/*/*.csv.gz", "eagle"),
 )
 
 OUT_FILES = ("summary.md", "run.json", "log.txt", "correctness.csv", "latency.csv", "host.csv", "projection.csv")
@@ -781,8 +782,11 @@ def read_sources(root: Path = ROOT, sources=SOURCES) -> list[dict]:
             opened = gzip.open(path, "rt", newline="") if path.endswith(".gz") else open(path, newline="")
             with opened as handle:
                 for row in csv.DictReader(handle):
-                    wanted = row.get("decoder") in decoders if decoders is not None else \
-                        row.get("family") == "core" and _config(row) is not None          # no greedy baseline
+                    if isinstance(decoders, tuple):
+                        wanted = row.get("decoder") in decoders
+                    else:                                                     # core rows (no greedy baseline)
+                        config = _config(row) if row.get("family") == "core" else None
+                        wanted = config is not None and (decoders is None or decoders in dict(config.sources))
                     if not wanted or not row.get("steps"):
                         continue
                     key = (what, path, row["decoder"])

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu_run.py"
@@ -201,6 +202,7 @@ def test_projection_prices_each_step_of_the_cpu_rows(tmp_path: Path):
     assert source["fed"] == {4: 3, 8: 2} and source["commits"] == "abc unknown" and source["rows"] == 2
     (any_core,) = gpu_run.read_sources(tmp_path, (("rows", "results/*/rows.csv", None),))     # --project
     assert (any_core["decoder"], any_core["S"]) == ("la", source["S"])
+    assert gpu_run.read_sources(tmp_path, (("eagle", "results/*/rows.csv", "eagle"),)) == []   # drafts from no EAGLE
     flat = gpu_run.cm.CostModel((1, 8), (0.01, 0.01))
     assert gpu_run.projected(source, flat, None, None) == pytest.approx(2.0)     # a flat curve: speedup = S
     linear = gpu_run.cm.CostModel((1, 8), (0.01, 0.08))                           # t(k) = k x t(1)
@@ -216,7 +218,9 @@ def test_the_committed_rows_give_every_projection_its_s():
     assert {s["decoder"] for s in paper} >= {"w16_n5", "w16_n5_pool"}
     assert {s["model"] for s in auto} == {"smollm2_135m", "qwen25_coder_05b"} and len({s["dataset"] for s in auto}) >= 6
     eagle = [s for s in sources if s["what"] == "eagle"]
-    assert {s["decoder"] for s in eagle} == set(dict(((w, d) for w, _, d in gpu_run.SOURCES))["eagle"])
+    suite = OmegaConf.load(ROOT / "conf" / "suite" / "eagle.yaml").decoders
+    drafting = {d.name for d in suite if d.use == "lookahead" and "eagle" in d.get("sources", {})}
+    assert len(drafting) == 2 and {s["decoder"] for s in eagle} == drafting       # the suite's EAGLE decoders
     assert all(s["steps"] > 0 and s["S"] > 1 and s["fed"] for s in sources)
 
 
