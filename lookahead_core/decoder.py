@@ -84,7 +84,8 @@ class DecodeState:
     """A conversation in progress: KV of ``cached_tokens`` and, optionally, the n-gram pool and the
     draft acceptance measured so far (``drafts``: the next decode's ``DraftStats.prior``, so its
     token tree is cut by measured rates from its first step; a decode with ``keep_pool`` returns
-    the prior's counts plus its own).
+    the prior's counts plus its own) and what stateful sources hand the next turn (``sources``:
+    the EAGLE drafter's cache of the conversation).
 
     ``decode`` takes the state over: it crops and extends the cache and grows the pool in place.
     To decode twice from the same state (repeated timings), pass ``state.copy()``.
@@ -94,6 +95,7 @@ class DecodeState:
     cached_tokens: list[int]
     pool: NGramPool | None = None
     drafts: DraftStats | None = None
+    sources: dict[str, object] = field(default_factory=dict)   # what sources hand the next turn (Proposer.handover)
 
     @classmethod
     def with_pool(cls, pool: NGramPool) -> "DecodeState":
@@ -233,6 +235,8 @@ def _run(model, prompts: list[list[int]], lookahead: LookaheadConfig | None, lim
             seq.stats.drafts.prior = prior
             seq.proposer = Proposer.from_config(lookahead, seq.tokens, seq.pool, seq.prompt, lm.drafters,
                                                 seq.stats.drafts)
+            if state is not None:
+                seq.proposer.resume(state.sources)
             if hidden:       # the prefill's outcome: no new n-grams, the hidden states the first tree drafts from
                 seq.proposer.update(StepOutcome(seq.tokens, len(seq.tokens), seq.tokens[-1],
                                                 hidden=_last_layer(states[-1], layers),
@@ -251,7 +255,8 @@ def _run(model, prompts: list[list[int]], lookahead: LookaheadConfig | None, lim
             seq.stats.new_tokens = len(seq.tokens) - len(seq.prompt)
             keep_pool = lookahead is not None and lookahead.keep_pool
             out_state = DecodeState(sequence_cache(cache, r, seq.committed), seq.tokens[:-1],
-                                    seq.pool if keep_pool else None, seq.stats.drafts.learnt() if keep_pool else None)
+                                    seq.pool if keep_pool else None, seq.stats.drafts.learnt() if keep_pool else None,
+                                    seq.proposer.handover() if seq.proposer is not None else {})
             outputs[live[r]] = DecodeOutput(seq.tokens[len(seq.prompt):], seq.stats, out_state)
         if done and len(done) < len(live):
             rest = [r for r in range(len(live)) if r not in done]

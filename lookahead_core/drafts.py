@@ -91,6 +91,9 @@ class DraftSource(Protocol):
     # ``carry(earlier) -> state``, called once per decode: it starts from ``earlier`` (the state the
     # decode's prior carries under ``name``, read only) and returns its own state, a dict that
     # travels in ``DraftStats.carried`` to the next decode's prior, on top of ``earlier``.
+    # Optional, for a source with state of the conversation's text (EagleSource's KV cache): ``name``,
+    # ``handover() -> state | None`` at the decode's end and ``resume(state)`` before the next turn's
+    # first update; the state travels in ``DecodeState.sources``.
 
 
 class NGramSource:
@@ -590,6 +593,17 @@ class Proposer:
         self.stats.record(tree, path)
         for source in self.sources:
             source.update(outcome)
+
+    def handover(self) -> dict[str, object]:
+        """Per source name, what a source hands the conversation's next turn (``DecodeState.sources``)."""
+        states = {s.name: s.handover() for s in self.sources if hasattr(s, "handover")}
+        return {name: state for name, state in states.items() if state is not None}
+
+    def resume(self, states: dict[str, object]) -> None:
+        """Give each source what it handed over at the end of the conversation's last turn."""
+        for source in self.sources:
+            if hasattr(source, "resume") and source.name in states:
+                source.resume(states[source.name])
 
     @property
     def draft_seconds(self) -> float:

@@ -334,8 +334,11 @@ class _Node:
 
 
 class EagleSource:
-    """The ``eagle`` draft source: ``size`` nodes of an EAGLE-2 tree ``depth`` levels deep."""
+    """The ``eagle`` draft source: ``size`` nodes of an EAGLE-2 tree ``depth`` levels deep. Its cache
+    holds the text's (token, feature) pairs from ``first``; a conversation's next turn resumes it
+    (``handover``/``resume``), so the drafter drafts with the earlier turns' context."""
 
+    name = "eagle"
     topk = 0
 
     def __init__(self, drafter: EagleDrafter | Eagle3Drafter, size: int, depth: int, width: int = WIDTH,
@@ -347,10 +350,22 @@ class EagleSource:
         self.next = None                          # position of the next pair to feed
         self.root: torch.Tensor | None = None     # (H,) predicted feature of the position after the text
         self.seconds = 0.0
+        self.resumed = False                      # the cache is an earlier turn's, not yet extended
 
     @classmethod
     def from_config(cls, config, size: int, context, drafter: EagleDrafter) -> EagleSource:
         return cls(drafter, size, config.draft_depth, level_cost=config.draft_cost)
+
+    def handover(self) -> dict | None:
+        """The drafter's cache of the committed text, for the conversation's next turn."""
+        return None if self.next is None else {"drafter": id(self.drafter), "cache": self.cache,
+                                                "first": self.first, "next": self.next}
+
+    def resume(self, state: dict) -> None:
+        """Take over an earlier turn's cache (of this drafter): used where the next turn's features
+        start right where it ends, else the first update starts afresh."""
+        if state["drafter"] == id(self.drafter):
+            self.cache, self.first, self.next, self.resumed = state["cache"], state["first"], state["next"], True
 
     @torch.no_grad()
     def update(self, outcome) -> None:
@@ -360,6 +375,9 @@ class EagleSource:
         start = time.perf_counter()
         context = outcome.context
         first = len(context) - 1 - len(features)          # the position of the first feature
+        if self.resumed and first != self.next:           # the new turn left the earlier text before its end
+            self.cache, self.next = DynamicCache(), None
+        self.resumed = False
         if self.next is None:
             self.first = self.next = first
         elif first != self.next:

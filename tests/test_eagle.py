@@ -99,6 +99,41 @@ def test_a_second_turn_with_eagle_equals_a_fresh_decode():
     assert second.tokens == decode(model, turn2, None, limits).tokens
 
 
+def test_the_next_turn_resumes_the_drafter_on_the_whole_conversation():
+    """The drafter's cache travels with the conversation (``DecodeState.sources``): after a second
+    turn it holds every (token, feature) pair of the whole text, as one pass over it gives them. A
+    turn that edits the earlier text starts the drafter afresh at the first uncached position.
+    Every output equals greedy's."""
+    model = tiny_random_model("llama", seed=4)
+    drafter = drafter_for(model, "random", seed=1)
+    lm = CausalLM(model, drafters={"eagle": drafter})
+    limits = DecodeLimits(max_new_tokens=24)
+    turn1 = prompt_for(128, 7, 20)
+    first = decode(lm, turn1, CONFIGS[1], limits)
+    assert first.state.sources["eagle"]["next"] == len(turn1 + first.tokens) - 1
+    turn2 = turn1 + first.tokens + [3, 1, 4, 1, 5]
+    second = decode(lm, turn2, CONFIGS[1], limits, state=first.state.copy())
+    assert second.tokens == decode(model, turn2, None, limits).tokens
+    text = turn2 + second.tokens
+    handed = second.state.sources["eagle"]
+    assert (handed["first"], handed["next"]) == (0, len(text) - 1)
+    with torch.inference_mode():
+        features = model(torch.tensor([text]), output_hidden_states=True).hidden_states[-1][0]
+    whole = EagleSource(drafter, size=10, depth=4)
+    whole.update(StepOutcome(text, len(text), text[-1], features=features[:-1]))
+    for kept, one_pass in zip(handed["cache"].layers, whole.cache.layers):
+        torch.testing.assert_close(kept.keys, one_pass.keys, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(kept.values, one_pass.values, atol=1e-4, rtol=1e-4)
+    edited = list(turn2)
+    edited[5] = (edited[5] + 1) % 128
+    third = decode(lm, edited, CONFIGS[1], limits, state=first.state.copy())
+    assert third.tokens == decode(model, edited, None, limits).tokens
+    assert third.state.sources["eagle"]["first"] == 5                # afresh from the edit
+    other = CausalLM(model, drafters={"eagle": drafter_for(model, "random", seed=2)})
+    fourth = decode(other, turn2, CONFIGS[1], limits, state=first.state.copy())
+    assert fourth.tokens == second.tokens and fourth.state.sources["eagle"]["first"] == len(turn1 + first.tokens) - 1
+
+
 def test_each_update_hands_the_features_of_the_rows_that_chose_the_committed_tokens():
     """``StepOutcome.features``: after the prefill every prompt row's last hidden state, after a step
     the input row's and the accepted path's, in order: as one forward over the whole text gives them."""
