@@ -782,19 +782,22 @@ def read_sources(root: Path = ROOT, sources=SOURCES) -> list[dict]:
             opened = gzip.open(path, "rt", newline="") if path.endswith(".gz") else open(path, newline="")
             with opened as handle:
                 for row in csv.DictReader(handle):
+                    config = _config(row)
                     if isinstance(decoders, tuple):
                         wanted = row.get("decoder") in decoders
                     else:                                                     # core rows (no greedy baseline)
-                        config = _config(row) if row.get("family") == "core" else None
-                        wanted = config is not None and (decoders is None or decoders in dict(config.sources))
+                        wanted = row.get("family") == "core" and config is not None and \
+                            (decoders is None or decoders in dict(config.sources))
                     if not wanted or not row.get("steps"):
                         continue
                     key = (what, path, row["decoder"])
-                    g = groups.setdefault(key, {
-                        "what": what, "file": os.path.relpath(path, root), "model": row.get("model", ""),
-                        "dataset": row.get("dataset", ""), "decoder": row["decoder"], "dtype": row.get("dtype", ""),
-                        "config": _config(row), "rows": 0, "committed": 0, "steps": 0, "fed": Counter(),
-                        "commits": set(), "equal": 0})
+                    if key not in groups:
+                        groups[key] = {
+                            "what": what, "file": os.path.relpath(path, root), "model": row.get("model", ""),
+                            "dataset": row.get("dataset", ""), "decoder": row["decoder"], "dtype": row.get("dtype", ""),
+                            "config": config, "rows": 0, "committed": 0, "steps": 0, "fed": Counter(),
+                            "commits": set(), "equal": 0}
+                    g = groups[key]
                     g["rows"] += 1
                     g["steps"] += int(row["steps"])
                     g["commits"].add(row.get("git_commit") or "unknown")
