@@ -61,12 +61,15 @@ def main(cfg: DictConfig) -> None:
     except ConfigError as err:
         fail(str(err))
     from experiments.job.runner import run_job   # torch and transformers load only now
+    from lookahead_core.capability import UnsupportedAttentionError
     from lookahead_core.parallel import ParallelError
 
     try:
         run_job(settings, adapter, items, config=lambda path: job_config(cfg, HydraConfig.get(), path))
     except ConfigError as err:     # found once torch is imported (device=auto without a GPU), before the model loads
         fail(str(err))
+    except UnsupportedAttentionError as err:   # the attention backend is wrong on this device: before any item
+        fail(f"model.attn_implementation: {err}")
     except ParallelError as err:   # a rank died or hung: the finished batches' rows are kept
         print(f"error: {err}", file=sys.stderr)
         sys.exit(1)

@@ -8,7 +8,8 @@
 ``decode(model, ids)`` with no lookahead config is the greedy baseline through the same loop.
 Pass a ``CausalLM(model)`` instead of the model to skip re-inspecting it on every call.
 Before the first branching lookahead step on a model, ``probe`` checks that the model computes
-such a step right and refuses it otherwise (``UnsupportedModelError``). ``divergence`` tells a
+such a step right and refuses it otherwise (``UnsupportedModelError``); an attention backend that
+computes wrong logits on this device is refused for every decoder (``UnsupportedAttentionError``). ``divergence`` tells a
 departure from greedy caused by a near-tie in fp16/bf16 numerics from a real mismatch.
 """
 
@@ -23,7 +24,8 @@ _EXPORTS: dict[str, str] = {
     "DecodeOutput": "decoder", "DecodeState": "decoder", "DecodeStats": "decoder", "decode": "decoder",
     "decode_batch": "decoder", "DraftStats": "drafts", "LOGIT_TOLERANCE": "numerics", "Divergence": "numerics",
     "divergence": "numerics", "CausalLM": "model_io", "NGramPool": "pool", "ProbeResult": "capability",
-    "UnsupportedModelError": "capability", "probe": "capability",
+    "UnsupportedModelError": "capability", "probe": "capability", "UnsupportedAttentionError": "capability",
+    "attention_verdict": "capability",
 }
 
 
@@ -41,7 +43,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from .capability import ProbeResult, UnsupportedModelError, probe
+    from .capability import ProbeResult, UnsupportedAttentionError, UnsupportedModelError, attention_verdict, probe
     from .config import DecodeLimits, LookaheadConfig, SamplingConfig
     from .decoder import DecodeOutput, DecodeState, DecodeStats, decode, decode_batch
     from .drafts import DraftStats
@@ -62,7 +64,9 @@ __all__ = [
     "NGramPool",
     "ProbeResult",
     "SamplingConfig",
+    "UnsupportedAttentionError",
     "UnsupportedModelError",
+    "attention_verdict",
     "decode",
     "decode_batch",
     "divergence",

@@ -22,12 +22,21 @@ Configs whose every step is a causal chain pass no custom mask and no shared pos
 (``layout.StepLayout.causal``): greedy, pool-only with one candidate, no candidates with a
 one-column window or N=2. They never need the probe and are never refused. The result is cached
 per model object (and dtype, device, attention implementation).
+
+The attention backend is admitted too (:func:`attention_verdict`): a backend that runs compiled code
+(flex_attention: torch compiles its kernel for the device at hand) must give, on the real model,
+the logits SDPA gives on the steps a decode takes (a prefill, 1-row steps, branching steps, each
+kernel's static and dynamic compile). torch's compiled CPU flex kernel returns NaN or wrong values
+on some shapes on AVX2 CPUs (torch 2.13); such a backend is refused before anything decodes
+(:class:`UnsupportedAttentionError`), naming the device, the cause and what does run right there.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import weakref
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -55,6 +64,11 @@ class UnsupportedModelError(ValueError):
         self.reasons = reasons
 
 
+class UnsupportedAttentionError(UnsupportedModelError):
+    """The model's attention backend computes wrong logits on this device (any decoder, greedy too);
+    the message names the backend, the device, the cause and the backends that run right here."""
+
+
 @dataclass(frozen=True)
 class ProbeResult:
     """The probe's verdict on one model.
@@ -71,6 +85,7 @@ class ProbeResult:
     tolerance: float
     noise: float = 0.0
     reasons: tuple[str, ...] = ()
+    attention: AttentionVerdict | None = None      # set where the attention backend failed on this device
 
     @property
     def threshold(self) -> float:
@@ -81,6 +96,8 @@ class ProbeResult:
         return not self.reasons
 
     def error(self) -> UnsupportedModelError:
+        if self.attention is not None:
+            return self.attention.error()
         message = (f"lookahead cannot run on this {self.model_type} model ({self.dtype}): "
                    f"{'; '.join(self.reasons)}. Its branching steps (a window, or several candidates) would "
                    f"give other tokens than greedy decoding. What still runs: {STILL_RUNS}.")
@@ -102,8 +119,13 @@ def branching(lookahead: LookaheadConfig | None) -> bool:
     return not step_layout(window, levels, chains(drafts, 2)).causal
 
 
-def require_branching_support(lm: CausalLM, lookahead: LookaheadConfig | None) -> None:
-    """Raise :class:`UnsupportedModelError` if ``lookahead`` branches and the model fails the probe."""
+def require_support(lm: CausalLM, lookahead: LookaheadConfig | None) -> None:
+    """Raise :class:`UnsupportedAttentionError` if the model's attention backend is wrong on this
+    device (whatever the config), and :class:`UnsupportedModelError` if ``lookahead`` branches and
+    the model fails the probe."""
+    verdict = attention_verdict(lm)
+    if not verdict.passed:
+        raise verdict.error()
     if branching(lookahead):
         result = probe(lm)
         if not result.passed:
@@ -113,15 +135,183 @@ def require_branching_support(lm: CausalLM, lookahead: LookaheadConfig | None) -
 _RESULTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def probe(model: torch.nn.Module | CausalLM) -> ProbeResult:
-    """The probe's result for ``model``, run once per model, dtype, device and attention implementation."""
-    lm = model if isinstance(model, CausalLM) and not model.sharded else \
+def _own(model: torch.nn.Module | CausalLM) -> CausalLM:
+    return model if isinstance(model, CausalLM) and not model.sharded else \
         CausalLM(model.model if isinstance(model, CausalLM) else model)     # the model, in this process alone
-    key = (lm.dtype, str(lm.device), lm.attention)
+
+
+def _cached(lm: CausalLM, what: str, run, *more):
+    key = (what, lm.dtype, str(lm.device), lm.attention, *more)
     results = _RESULTS.setdefault(lm.model, {})
     if key not in results:
-        results[key] = run_probe(lm)
+        results[key] = run(lm)
     return results[key]
+
+
+def probe(model: torch.nn.Module | CausalLM) -> ProbeResult:
+    """The probe's result for ``model``, run once per model, dtype, device and attention implementation.
+    A backend that :func:`attention_verdict` refuses fails the probe with that reason."""
+    lm = _own(model)
+    verdict = attention_verdict(lm)
+    if not verdict.passed:
+        return ProbeResult(_model_type(lm), str(lm.dtype), verdict.max_diff, verdict.threshold,
+                           reasons=(verdict.cause,), attention=verdict)
+    return _cached(lm, "probe", run_probe)
+
+
+def _model_type(lm: CausalLM) -> str:
+    return str(getattr(lm.model.config, "model_type", type(lm.model).__name__))
+
+
+# ---------------------------------------------------------------------------------------------
+# The attention backend on this device
+
+COMPILED_ATTENTION = ("flex_attention",)     # backends that run code compiled for the device at hand
+REFERENCE_ATTENTION = "sdpa"
+
+
+@dataclass(frozen=True)
+class AttentionVerdict:
+    """Whether ``attention`` gives the reference's logits on this device.
+
+    max_diff: the largest |logit| difference from SDPA over the checked forwards (nan where the
+    backend gave NaN); threshold: what passes (the dtype's tolerance, or twice SDPA's own chain-vs-steps
+    noise); cause: what went wrong, on which forward (None when it passed); alternatives: what runs
+    right on this device instead, each checked here.
+    """
+
+    attention: str
+    device: str
+    max_diff: float = 0.0
+    threshold: float = 0.0
+    cause: str | None = None
+    alternatives: tuple[str, ...] = ()
+
+    @property
+    def passed(self) -> bool:
+        return self.cause is None
+
+    def error(self) -> UnsupportedAttentionError:
+        ways = " or ".join(self.alternatives) if self.alternatives else "no other backend was found right here"
+        message = (f"attention {self.attention!r} computes wrong logits on this device ({self.device}): "
+                   f"{self.cause}. Use {ways}.")
+        return UnsupportedAttentionError(self.attention, (self.cause,), message)
+
+
+def device_label(device: torch.device) -> str:
+    """The device with what decides its compiled kernels: the CPU's vector capability, the GPU's name."""
+    if device.type == "cpu":
+        return f"cpu, {torch.backends.cpu.get_cpu_capability()}, torch {torch.__version__}"
+    if device.type == "cuda":
+        return f"{device}, {torch.cuda.get_device_name(device)}, torch {torch.__version__}"
+    return f"{device}, torch {torch.__version__}"
+
+
+def attention_verdict(model: torch.nn.Module | CausalLM) -> AttentionVerdict:
+    """The attention backend's verdict on this device, once per model, dtype, device and backend.
+    Backends that compile nothing for the device (eager, SDPA) pass unchecked."""
+    lm = _own(model)
+    if lm.attention not in COMPILED_ATTENTION:
+        return AttentionVerdict(lm.attention, device_label(lm.device))
+    return _cached(lm, "attention", check_attention, compiling())
+
+
+@torch.inference_mode()
+def check_attention(lm: CausalLM) -> AttentionVerdict:
+    """The decode's kinds of forward under ``lm``'s backend against the same forwards under SDPA on
+    the same weights (uncached). On a failure, the backend run uncompiled is checked too, so that
+    the refusal can say whether it is a way out here."""
+    ids = _probe_tokens(lm, _ATTENTION_CONTEXT + _ATTENTION_STEPS + 16)
+    with _attention(lm.model, REFERENCE_ATTENTION) as reference:
+        expected = _attention_forwards(reference, ids)
+        noise = _noise(reference, reference.new_cache(), 0, ids[:_CONTEXT + 16])
+    limit = threshold(logit_tolerance(lm.dtype), noise)
+    max_diff, cause = _compare(lm, ids, expected, limit)
+    if cause is None:
+        return AttentionVerdict(lm.attention, device_label(lm.device), max_diff, limit)
+    alternatives = [f"attn_implementation={REFERENCE_ATTENTION!r} (the reference here)"]
+    with uncompiled():
+        if _compare(lm, ids, expected, limit)[1] is None:
+            cause += "; run uncompiled it is right, so the kernel torch compiles for this device is at fault"
+            alternatives.append(f"{lm.attention} uncompiled (TORCHDYNAMO_DISABLE=1 in the environment: right here, slow)")
+    return AttentionVerdict(lm.attention, device_label(lm.device), max_diff, limit, cause, tuple(alternatives))
+
+
+def uncompiled():
+    """Within it, torch.compile'd functions (transformers' flex_attention among them) run eagerly."""
+    return torch.compiler.set_stance("force_eager") if hasattr(torch.compiler, "set_stance") else nullcontext()
+
+
+def compiling() -> bool:
+    """Whether torch.compile'd functions compile here: not under ``TORCHDYNAMO_DISABLE=1`` (torch.compile
+    then returns the function as it is; ``TORCH_COMPILE_DISABLE=1`` breaks flex_attention, which
+    compiles its own parts with ``fullgraph=True``) nor inside :func:`uncompiled`."""
+    from torch._dynamo import eval_frame
+
+    stance = getattr(getattr(eval_frame, "_stance", None), "stance", "default")
+    return not (torch._dynamo.config.disable or os.environ.get("TORCHDYNAMO_DISABLE") == "1"
+                or stance == "force_eager")
+
+
+@contextmanager
+def _attention(model: torch.nn.Module, attention: str):
+    """``model`` under another attention implementation (a ``CausalLM`` of it), restored after."""
+    before = model.config._attn_implementation
+    model.set_attn_implementation(attention)
+    try:
+        yield CausalLM(model)
+    finally:
+        model.set_attn_implementation(before)
+
+
+# The checked decode: a prefill, then 1-row steps over a whole period of 16 key lengths (a
+# compiled kernel's vector lanes: torch's CPU flex reads past the keys at some lengths, e.g. multiples
+# of 8 on AVX2, and what it reads there changes from call to call), then branching steps.
+_ATTENTION_CONTEXT, _ATTENTION_STEPS = 24, 17
+
+
+def _attention_forwards(lm: CausalLM, ids: list[int]) -> list[tuple[str, torch.Tensor]]:
+    """(what, logits) of the forwards a decode runs, each kind at two sizes at least (a compiled
+    backend compiles a static kernel, then a dynamic one): a prefill, 1-row steps, branching steps."""
+    context = ids[:_ATTENTION_CONTEXT]
+    cache = lm.new_cache()
+    out = []
+    offsets, _ = causal_layout(len(context))
+    out.append((f"a prefill of {len(context)} tokens",
+                lm.forward(cache, context, offsets, None, 0, torch.arange(len(context)))))
+    past = len(context)
+    for token in ids[past:past + _ATTENTION_STEPS]:
+        out.append((f"a 1-row step after {past} cached tokens",
+                    lm.forward(cache, [token], torch.arange(1), None, past, torch.zeros(1, dtype=torch.long))))
+        past += 1
+    rest = ids[past:]
+    for layout in (step_layout(_WINDOW, _LEVELS, _TREE), step_layout(0, 0, _TREE)):
+        out.append((f"a branching step of {layout.size} rows after {past} cached tokens",
+                    lm.forward(cache, rest[:layout.size], layout.offsets, layout.visible, past,
+                               torch.arange(layout.size))))
+        truncate_kv(cache, past)
+    return out
+
+
+def _compare(lm: CausalLM, ids: list[int], expected: list[tuple[str, torch.Tensor]],
+             limit: float) -> tuple[float, str | None]:
+    """The largest difference from ``expected``, and the first forward that departs (None: none does)."""
+    try:
+        got = _attention_forwards(lm, ids)
+    except (MemoryError, torch.cuda.OutOfMemoryError):
+        raise
+    except Exception as error:  # noqa: BLE001 - a crash of the backend is a refusal
+        return math.inf, f"it crashed ({_describe(error)})"
+    worst, cause = 0.0, None
+    for (what, want), (_, have) in zip(expected, got):
+        have, want = have.float(), want.float()
+        if bool(have.isnan().any()) and not bool(want.isnan().any()):
+            return math.nan, f"{what} gave NaN logits where {REFERENCE_ATTENTION} does not"
+        diff = float((have - want).abs().max())
+        worst = max(worst, diff)
+        if diff > limit and cause is None:
+            cause = f"{what} gave logits {diff:.3g} away from {REFERENCE_ATTENTION}'s (threshold {limit:.3g})"
+    return worst, cause
 
 
 @torch.inference_mode()
@@ -129,7 +319,7 @@ def run_probe(lm: CausalLM) -> ProbeResult:
     """Run the probe (uncached): the branching step, and on failure the cases that tell why."""
     tolerance = logit_tolerance(lm.dtype)
     ids = _probe_tokens(lm)
-    model_type = str(getattr(lm.model.config, "model_type", type(lm.model).__name__))
+    model_type = _model_type(lm)
     crash, noise = None, 0.0
     try:
         max_diff, noise = _branching_diff(lm, ids)
@@ -157,10 +347,10 @@ def threshold(tolerance: float, noise: float) -> float:
     return max(tolerance, 2 * noise)
 
 
-def _probe_tokens(lm: CausalLM) -> list[int]:
+def _probe_tokens(lm: CausalLM, count: int = _CONTEXT + 16) -> list[int]:
     vocab = lm.vocab_size or int(lm.model.config.vocab_size)
     generator = torch.Generator().manual_seed(0)
-    return torch.randint(0, vocab, (_CONTEXT + 16,), generator=generator).tolist()
+    return torch.randint(0, vocab, (count,), generator=generator).tolist()
 
 
 def _describe(error: Exception) -> str:

@@ -34,7 +34,7 @@ from .config import DecodeLimits, LookaheadConfig, SamplingConfig
 from .drafts import DraftStats, Proposer, StepOutcome
 from .layout import EMPTY_TREE, DraftTree, StepLayout, cut_tree, step_layout
 from .model_io import CausalLM, Feed, select_sequences, sequence_cache, truncate_kv
-from .capability import require_branching_support
+from .capability import require_support
 from .inputs import check_vocabulary, validate_input_ids
 from .positions import fit_step
 from .pool import NGramPool
@@ -220,7 +220,7 @@ def _run(model, prompts: list[list[int]], lookahead: LookaheadConfig | None, lim
     lm = model if isinstance(model, CausalLM) else CausalLM(model)
     for prompt in prompts:
         check_vocabulary(prompt, lm.vocab_size)
-    require_branching_support(lm, lookahead)     # the probe, once per model: refuses what it would get wrong
+    require_support(lm, lookahead)     # the attention backend and the probe, once per model: refuses what they would get wrong
     seqs = [_Sequence(b, p, list(p), v, None, _pool_for(lookahead, state), DecodeStats())
             for b, (p, v) in enumerate(zip(prompts, verifiers))]
     kinds = [kind for kind, _ in active(lookahead)] if lookahead is not None else []

@@ -74,6 +74,7 @@ from lookahead_core import (  # noqa: E402
     CausalLM, DecodeLimits, DecodeState, LookaheadConfig, NGramPool, decode, decode_batch, divergence, probe,
 )
 from lookahead_core import cost as cm  # noqa: E402
+from lookahead_core.capability import UnsupportedAttentionError, attention_verdict  # noqa: E402
 from lookahead_core.config import config_label  # noqa: E402
 from lookahead_core.eagle import Eagle3Drafter, default_layer_ids, eagle3_config  # noqa: E402
 from lookahead_core.flex import FALLBACK_WARNING, rearm_fallback_warning  # noqa: E402
@@ -292,6 +293,7 @@ class Run:
         self.meta: dict = {}
         self.notes: list[str] = []          # skipped pieces and why
         self.failures: list[str] = []
+        self.refusals: list[str] = []       # pieces whose attention backend is wrong on this host, with the cause
         self.correctness: list[dict] = []
         self.probes: list[dict] = []
         self.curves: list[dict] = []        # per curve: model, attention, kv, seconds, warnings
@@ -310,8 +312,10 @@ class Run:
         for section, name in (("a", "correctness"), ("b", "timing")):
             mine = [p for p in self.pieces if p["section"] == section]
             done = sum(p["status"] == "done" for p in mine)
+            refused = sum(p["status"] == "refused" for p in mine)
             if mine:
-                out[name] = "done" if done == len(mine) else f"{done} of {len(mine)} pieces done"
+                out[name] = "done" if done == len(mine) else f"{done} of {len(mine)} pieces done" + \
+                    (f", {refused} refused on this host" if refused else "")
         return out
 
     def elapsed(self) -> float:
@@ -343,7 +347,7 @@ class Run:
         out = self.out
         write_atomic(out / "run.json", json.dumps({
             "meta": self.meta, "elapsed_s": self.elapsed(), "sections": self.sections(), "pieces": self.pieces,
-            "notes": self.notes,
+            "notes": self.notes, "refusals": self.refusals,
             "failures": self.failures, "probes": self.probes, "correctness": self.correctness,
             "curves": self.curves, "host": self.host, "sources": self.sources, "durations_s": self.durations,
         }, indent=1, default=str) + "\n")
@@ -378,6 +382,14 @@ def build(family: Family, device: torch.device, dtype: torch.dtype, *, tiny: boo
 def flex_kernels(family: Family, dtype: torch.dtype) -> tuple:
     """What flex_attention compiles its kernels for (the sliding window is a tensor: no new kernel)."""
     return str(dtype), family.kv_heads == family.heads
+
+
+def admit(model: torch.nn.Module) -> None:
+    """Raise the core's :class:`UnsupportedAttentionError` where the model's attention backend computes
+    wrong logits on this device (torch's compiled CPU flex on AVX2): a refusal, not a failure."""
+    verdict = attention_verdict(model)
+    if not verdict.passed:
+        raise verdict.error()
 
 
 def to_flex(model: torch.nn.Module) -> None:
@@ -502,6 +514,7 @@ def check_family(run: Run, key: str, attention: str, plan: Plan, device: torch.d
     drafters = {"medusa": random_heads(model), "eagle": random_eagle(model)}
     if attention == "flex_attention":
         to_flex(model)
+        admit(model)
     rearm_fallback_warning()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -695,6 +708,7 @@ def time_flex(run: Run, key: str, plan: Plan, device: torch.device, tiny: bool, 
     """(b) for one model under flex_attention: its curves (the kernels compile in the untimed first round)."""
     model = build(FAMILIES[key], device, gpu_dtype(device), tiny=tiny)
     to_flex(model)
+    admit(model)
     lm = CausalLM(model)
     for kv in plan.kv_lengths:
         curves[(key, "flex_attention", kv)] = curve(run, key, lm, plan, kv)
@@ -745,6 +759,10 @@ def run_pieces(run: Run, plan: Plan, device: torch.device, tiny: bool, todo: lis
             if attention != "sdpa":
                 run.compiled.add(kernels)
             run.pieces[-1]["status"] = "done"
+        except UnsupportedAttentionError as error:     # the backend is wrong on this host: said, not failed
+            run.pieces[-1]["status"] = "refused"
+            run.refusals.append(f"{what}: {error}")
+            run.say(f"REFUSED {what}: {error}")
         except Exception as error:  # noqa: BLE001 - one piece's failure leaves the others their time
             message = f"{what}: {type(error).__name__}: {error}"
             run.pieces[-1]["status"] = "error"
@@ -873,9 +891,15 @@ def summary(run: Run) -> str:
              + (f" of a {run.budget:.0f} s budget" if run.budget else "") + ".", ""]
     planned = meta.get("checks_planned") or []
     ran = {f"{p['family']} {p['attention']}" for p in run.probes}
+    refused = {p["piece"].removeprefix("(a) ") for p in run.pieces if p["status"] == "refused" and p["section"] == "a"}
+    missing = sorted(set(planned) - ran - refused)
     verdict = "FAILED: " + "; ".join(run.failures) if run.failures else "no failure"
     lines += [f"**Correctness verdict: {verdict} ({len(ran & set(planned))} of {len(planned)} family x attention "
-              f"checks ran{': not ' + ', '.join(sorted(set(planned) - ran)) if set(planned) - ran else ''}).**", ""]
+              f"checks ran{'; refused on this host: ' + ', '.join(sorted(refused)) if refused else ''}"
+              f"{'; not run: ' + ', '.join(missing) if missing else ''}).**", ""]
+    if run.refusals:
+        lines += ["Refused on this host (the core refuses these before they decode; not failures):", ""] + \
+            [f"- {n}" for n in run.refusals] + [""]
     if run.notes:
         lines += ["Skipped or degraded:", ""] + [f"- {n}" for n in run.notes] + [""]
     if run.pieces:

@@ -1,13 +1,22 @@
 """The flex_attention path: block masks that equal the dense mask cell by cell, and decodes that equal
-greedy token for token in fp32 on the four families (sliding windows included)."""
+greedy token for token in fp32 on the four families (sliding windows included).
+
+torch compiles flex_attention for the device at hand, and on some CPUs (AVX2, torch 2.13) that kernel
+is wrong. Every claim below runs where the backend runs right: compiled where this host's kernel
+passes the core's attention check; where it does not, the test asserts the refusal (every decode
+raises it before a token, naming the backend, the device and the cause) and runs the claim the way
+out the refusal names, flex uncompiled. Which of the two ran is in each test's output."""
 
 import random
 import warnings
+from contextlib import contextmanager
 
 import pytest
 import torch
 
-from lookahead_core import CausalLM, DecodeLimits, LookaheadConfig, decode, decode_batch, probe
+from lookahead_core import (CausalLM, DecodeLimits, LookaheadConfig, UnsupportedAttentionError, attention_verdict,
+                            decode, decode_batch, probe)
+from lookahead_core.capability import uncompiled
 from lookahead_core.flex import BLOCK, FALLBACK_WARNING, NO_WINDOW, FlexMasks, block_tables, rearm_fallback_warning
 from lookahead_core.layout import attention_mask, causal_layout, chains, step_layout
 from experiments.models.loader import tiny_random_model
@@ -16,6 +25,38 @@ from tiny_families import PASSING, tiny_family_model
 
 ARCHS = ("llama", "mistral", "qwen2", "gemma3")
 NEW = 40
+
+
+def assert_refused_clearly(flex: CausalLM, verdict) -> None:
+    """A refused backend: one message naming the backend, the device, the cause and the ways out,
+    raised by every decode (greedy, lookahead, batches) before it returns anything."""
+    message = str(verdict.error())
+    assert message.startswith("attention 'flex_attention' computes wrong logits on this device (cpu, ")
+    assert "\n" not in message and ("NaN" in verdict.cause or "away from sdpa" in verdict.cause or "crashed" in verdict.cause)
+    assert "attn_implementation='sdpa'" in message
+    for run in (lambda: decode(flex, [3, 4, 5], None, DecodeLimits(max_new_tokens=4)),
+                lambda: decode(flex, [3, 4, 5], LookaheadConfig(3, 3, 3), DecodeLimits(max_new_tokens=4)),
+                lambda: decode_batch(flex, [[3, 4, 5], [6, 7]], None, DecodeLimits(max_new_tokens=4))):
+        with pytest.raises(UnsupportedAttentionError) as raised:
+            run()
+        assert str(raised.value) == message
+
+
+@contextmanager
+def where_flex_runs(flex: CausalLM):
+    """Yields "compiled" where this host's compiled flex kernel is admitted; else asserts the clear
+    refusal and yields "uncompiled" inside the way out it names (the backend must be right there)."""
+    verdict = attention_verdict(flex)
+    if verdict.passed:
+        print(f"flex_attention compiled on {verdict.device}: admitted (max diff {verdict.max_diff:.2g})")
+        yield "compiled"
+        return
+    assert_refused_clearly(flex, verdict)
+    assert any("uncompiled (TORCHDYNAMO_DISABLE=1" in way for way in verdict.alternatives), verdict
+    print(f"flex_attention compiled on {verdict.device}: refused ({verdict.cause}); the claim runs uncompiled")
+    with uncompiled():
+        assert attention_verdict(flex).passed
+        yield "uncompiled"
 
 
 def block_mask_cells(mask, rows: int, total: int) -> torch.Tensor:
@@ -112,7 +153,7 @@ def test_flex_decodes_equal_greedy(flex_pair):
     limits = DecodeLimits(max_new_tokens=NEW)
     counts = [0, 0]
     rearm_fallback_warning()
-    with warnings.catch_warnings(record=True) as caught:
+    with warnings.catch_warnings(record=True) as caught, where_flex_runs(flex) as mode:
         warnings.simplefilter("always")
         for length, seed in ((24, 0), (40, 1)):
             prompt = repetitive_prompt(sdpa.config.vocab_size, length=length, seed=seed)
@@ -126,7 +167,8 @@ def test_flex_decodes_equal_greedy(flex_pair):
                 assert out.tokens == reference, f"{arch} {config}"
     assert counts[0] == counts[1] == 18
     fallbacks = [w for w in caught if FALLBACK_WARNING in str(w.message)]
-    assert not fallbacks, f"{arch}: flex_attention ran uncompiled (recompile limit reached)"
+    if mode == "compiled":
+        assert not fallbacks, f"{arch}: flex_attention ran uncompiled (recompile limit reached)"
 
 
 def test_flex_batches_equal_greedy(flex_pair):
@@ -135,17 +177,24 @@ def test_flex_batches_equal_greedy(flex_pair):
     prompts = [repetitive_prompt(vocab, length=n, seed=n) for n in (3, 14, 37)]
     limits = DecodeLimits(max_new_tokens=NEW)
     references = [greedy(sdpa, p, limits) for p in prompts]
-    for config in (None, LookaheadConfig(4, 3, 4, prompt_pool=True), TREE_GRID[1]):
-        outs = decode_batch(flex, prompts, config, limits)
-        assert [o.tokens for o in outs] == references, f"{arch} {config}"
+    with where_flex_runs(flex):
+        for config in (None, LookaheadConfig(4, 3, 4, prompt_pool=True), TREE_GRID[1]):
+            outs = decode_batch(flex, prompts, config, limits)
+            assert [o.tokens for o in outs] == references, f"{arch} {config}"
 
 
 def test_the_probe_runs_on_the_flex_path(flex_pair):
     _, _, flex = flex_pair
-    result = probe(flex)
-    assert result.passed, result
+    verdict = attention_verdict(flex)
+    if not verdict.passed:      # the probe fails with the backend's reason, and its error is the backend's
+        result = probe(flex)
+        assert not result.passed and result.reasons == (verdict.cause,)
+        assert isinstance(result.error(), UnsupportedAttentionError)
+    with where_flex_runs(flex):
+        result = probe(flex)
+        assert result.passed, result
     from lookahead_core.capability import _RESULTS
-    assert (flex.dtype, str(flex.device), "flex_attention") in _RESULTS[flex.model]
+    assert ("probe", flex.dtype, str(flex.device), "flex_attention") in _RESULTS[flex.model]
 
 
 def test_flex_logits_equal_sdpa_on_a_branching_step(flex_pair):
@@ -156,7 +205,7 @@ def test_flex_logits_equal_sdpa_on_a_branching_step(flex_pair):
     layout = step_layout(4, 3, chains(3, 2))
     tokens = prompt[:layout.size]
     logits = []
-    with torch.inference_mode():       # as decode runs (flex has no backward on the CPU)
+    with torch.inference_mode(), where_flex_runs(flex):       # as decode runs (flex has no backward on the CPU)
         for lm in (dense, flex):
             cache = lm.new_cache()
             offsets, _ = causal_layout(len(prompt))
@@ -202,8 +251,72 @@ def test_every_family_with_a_flex_path_passes_the_probe_and_equals_greedy(family
     # No recompile-limit guard here (test_flex_decodes_equal_greedy has it): families that share
     # head shapes share kernels, and past the limit torch runs the same masks uncompiled.
     flex = CausalLM(tiny_family_model(family, attn_implementation="flex_attention", strict=True))
-    assert flex.attention == "flex_attention" and probe(flex).passed
     sdpa = tiny_family_model(family)
     prompt = repetitive_prompt(sdpa.config.vocab_size, length=20)
     limits = DecodeLimits(max_new_tokens=16)
-    assert decode(flex, prompt, LookaheadConfig(4, 3, 4, prompt_pool=True), limits).tokens == greedy(sdpa, prompt, limits)
+    with where_flex_runs(flex):
+        assert flex.attention == "flex_attention" and probe(flex).passed
+        assert decode(flex, prompt, LookaheadConfig(4, 3, 4, prompt_pool=True), limits).tokens == \
+            greedy(sdpa, prompt, limits)
+
+
+# The check itself, on every host: a flex backend broken on purpose (as torch's compiled CPU kernel is
+# on AVX2: NaN or wrong values at some key lengths) is refused before any decode, greedy included.
+
+def _broken_flex(monkeypatch, when, how, uncompiled_too: bool):
+    """flex_attention, except that ``how(out)`` replaces its output on calls whose key length ``when``
+    picks (compiled only, unless ``uncompiled_too``)."""
+    from transformers.modeling_utils import AttentionInterface
+    from lookahead_core.capability import compiling
+
+    right = AttentionInterface._global_mapping["flex_attention"]
+
+    def flex(module, query, key, value, attention_mask, **kwargs):
+        out, weights = right(module, query, key, value, attention_mask, **kwargs)
+        if when(key.shape[-2]) and (uncompiled_too or compiling()):
+            out = how(out)
+        return out, weights
+
+    monkeypatch.setitem(AttentionInterface._global_mapping, "flex_attention", flex)
+
+
+@pytest.mark.parametrize("broken,cause", [
+    ((lambda kv: kv % 8 == 0, lambda out: out * float("nan")), "gave NaN logits where sdpa does not"),
+    ((lambda kv: kv % 16 == 5, lambda out: out + 0.05), "away from sdpa's"),
+    ((lambda kv: kv > 40, lambda out: out.flip(1)), "away from sdpa's"),
+])
+def test_a_backend_wrong_on_this_device_is_refused_before_any_decode(monkeypatch, broken, cause):
+    """Wrong at some key lengths only, as the AVX2 kernel is: found by the check's decode of a whole
+    period of key lengths, refused for every decoder, the cause and the ways out named."""
+    with uncompiled():          # the real kernel out of the way: the breakage below is the only fault
+        _broken_flex(monkeypatch, *broken, uncompiled_too=True)
+        flex = CausalLM(tiny_random_model("llama", seed=1, attn_implementation="flex_attention"))
+        verdict = attention_verdict(flex)
+        assert not verdict.passed and cause in verdict.cause, verdict
+        assert verdict.alternatives == ("attn_implementation='sdpa' (the reference here)",)
+        assert "cpu, " in verdict.device and str(torch.backends.cpu.get_cpu_capability()) in verdict.device
+        assert_refused_clearly(flex, verdict)
+        assert not probe(flex).passed and isinstance(probe(flex).error(), UnsupportedAttentionError)
+
+
+def test_a_backend_wrong_only_compiled_names_the_uncompiled_way_out(monkeypatch):
+    """Wrong only where compiled (as on AVX2): the refusal says so and names TORCHDYNAMO_DISABLE=1,
+    which it checked; uncompiled, the same model is admitted and decodes greedy's tokens."""
+    _broken_flex(monkeypatch, lambda kv: kv % 8 == 0, lambda out: out * float("nan"), uncompiled_too=False)
+    model = tiny_random_model("llama", seed=1, attn_implementation="flex_attention")
+    flex = CausalLM(model)
+    with uncompiled():
+        reference = greedy(tiny_random_model("llama", seed=1), list(range(3, 30)), DecodeLimits(max_new_tokens=24))
+    verdict = attention_verdict(flex)
+    assert not verdict.passed and "run uncompiled it is right" in verdict.cause
+    assert verdict.alternatives[1].startswith("flex_attention uncompiled (TORCHDYNAMO_DISABLE=1")
+    with uncompiled():
+        assert attention_verdict(flex).passed
+        assert decode(flex, list(range(3, 30)), LookaheadConfig(4, 3, 4), DecodeLimits(max_new_tokens=24)).tokens \
+            == reference
+
+
+def test_eager_and_sdpa_are_admitted_unchecked():
+    for attention in ("eager", "sdpa"):
+        verdict = attention_verdict(tiny_random_model("llama", attn_implementation=attention))
+        assert verdict.passed and verdict.max_diff == 0.0

@@ -37,7 +37,7 @@ from tqdm import tqdm
 
 from lookahead_core import CausalLM, DecodeLimits, DecodeState, SamplingConfig, divergence
 from lookahead_core import kernels
-from lookahead_core.capability import branching, probe
+from lookahead_core.capability import attention_verdict, branching, probe
 from lookahead_core.decoder import ForwardClock
 from experiments.models import loader as model_loader
 
@@ -300,6 +300,9 @@ class Job:
             "transformers": transformers.__version__, "git_commit": git_commit(repo_root()),
         }
         lm = CausalLM(model)
+        verdict = attention_verdict(lm)     # the attention backend on this device, for every decoder
+        if not verdict.passed:
+            raise verdict.error()
         if any(d.kind == "auto" or branching(d.lookahead) for d in settings.decoders):
             probe(lm)      # the capability probe's forwards, once per model, before any call is timed
         sharded = None
