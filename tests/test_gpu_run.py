@@ -58,12 +58,31 @@ def test_tiny_run_passes_and_writes_at_most_8_files(tiny_run):
     assert len(files) <= 8 and set(files) == set(gpu_run.OUT_FILES)
     report = json.loads((out / "run.json").read_text())
     assert report["failures"] == [] and report["notes"] == []
-    assert report["sections"] == {"correctness": "done", "timing": "done"}
     assert [p["piece"] for p in report["pieces"]] == [f"({s}) {m} sdpa" for s in "ab" for m in gpu_run.FAMILIES] + \
         ["(a) mistral_7b flex_attention", "(b) mistral_7b flex_attention"]
+    flex = [p for p in report["pieces"] if p["piece"].endswith("flex_attention")]
+    if report["refusals"]:
+        # torch's compiled CPU flex is wrong on this host: both flex pieces are refusals with the
+        # core's cause, not failures, and the run still exits 0
+        assert [p["status"] for p in flex] == ["refused", "refused"], flex
+        assert len(report["refusals"]) == 2 and all(
+            "attention 'flex_attention' computes wrong logits on this device (cpu, " in r for r in report["refusals"])
+        sdpa = len(gpu_run.FAMILIES)
+        assert report["sections"] == {name: f"{sdpa} of {sdpa + 1} pieces done, 1 refused on this host"
+                                      for name in ("correctness", "timing")}
+        assert "Refused on this host" in (out / "summary.md").read_text()
+    else:
+        assert report["sections"] == {"correctness": "done", "timing": "done"}
     assert report["meta"]["device"] and report["meta"]["tiny"] is True
     assert re.search(r"^\[\d\d:\d\d:\d\d \+ *\d+s\] done in", done.stdout, re.M)       # progress, timestamped
     assert (out / "log.txt").read_text().count("\n") >= 20
+
+
+def flex_refused(out: Path) -> bool:
+    """Whether the run refused flex_attention on this host (torch's compiled CPU flex is wrong on some
+    CPUs): then its flex pieces have no rows, and test_tiny_run_passes_and_writes_at_most_8_files
+    checks the refusals."""
+    return bool(json.loads((out / "run.json").read_text())["refusals"])
 
 
 def test_tiny_run_checks_every_decoder_in_fp32(tiny_run):
@@ -72,7 +91,8 @@ def test_tiny_run_checks_every_decoder_in_fp32(tiny_run):
     rows = read_csv(out / "correctness.csv")
     expected = {"greedy", *gpu_run.CHECKS, *gpu_run.BATCH_CHECKS}
     pairs = {(r["family"], r["attention"]) for r in rows}
-    assert pairs == {(f, "sdpa") for f in gpu_run.FAMILIES} | {("mistral_7b", "flex_attention")}
+    flex = set() if flex_refused(out) else {("mistral_7b", "flex_attention")}
+    assert pairs == {(f, "sdpa") for f in gpu_run.FAMILIES} | flex
     for family, attention in pairs:
         mine = {r["decoder"]: r for r in rows if (r["family"], r["attention"]) == (family, attention)}
         assert set(mine) == expected
@@ -85,8 +105,12 @@ def test_tiny_run_checks_every_decoder_in_fp32(tiny_run):
     probes = json.loads((out / "run.json").read_text())["probes"]
     assert len(probes) == len(pairs) and all(p["passed"] for p in probes)
     summary = (out / "summary.md").read_text()
-    assert "**Correctness verdict: no failure (5 of 5 family x attention checks ran).**" in summary
-    assert "| mistral_7b | flex_attention | medusa |" in summary
+    if flex:
+        assert "**Correctness verdict: no failure (5 of 5 family x attention checks ran).**" in summary
+        assert "| mistral_7b | flex_attention | medusa |" in summary
+    else:
+        assert "**Correctness verdict: no failure (4 of 5 family x attention checks ran; refused on this host: " \
+               "mistral_7b flex_attention).**" in summary
 
 
 def test_tiny_run_times_curves_and_steps_that_accept(tiny_run):
@@ -96,7 +120,7 @@ def test_tiny_run_times_curves_and_steps_that_accept(tiny_run):
     latency = read_csv(out / "latency.csv")
     curves = {(r["model"], r["attention"], int(r["kv_length"])) for r in latency}
     assert curves == {(m, "sdpa", kv) for m in gpu_run.FAMILIES for kv in plan.kv_lengths} | \
-        {("mistral_7b", "flex_attention", kv) for kv in plan.kv_lengths}
+        ({("mistral_7b", "flex_attention", kv) for kv in plan.kv_lengths} if not flex_refused(out) else set())
     assert {int(r["tokens"]) for r in latency} == set(plan.sizes) and all(float(r["seconds"]) > 0 for r in latency)
     host = read_csv(out / "host.csv")
     assert {r["model"] for r in host} == set(gpu_run.FAMILIES)

@@ -131,6 +131,24 @@ def test_stream_is_refused_where_it_cannot_run(monkeypatch):
     assert kernels.linear_kernel(model) == "stock"
 
 
+def test_a_kernel_built_wrong_on_this_cpu_is_refused(monkeypatch):
+    """The build's self-check (run on every host, with a stand-in for the built extension): a kernel
+    whose products are wrong at some row count is refused with that count, and one that is right
+    passes."""
+    import types
+
+    right = types.SimpleNamespace(stream_linear=lambda x, w, b: torch.nn.functional.linear(x, w, b))
+    monkeypatch.setattr(kernels, "_extension", right)
+    assert kernels._self_check() is None
+
+    def wrong(x, w, b):
+        out = torch.nn.functional.linear(x, w, b)
+        return out * float("nan") if len(x) == 7 else out
+
+    monkeypatch.setattr(kernels, "_extension", types.SimpleNamespace(stream_linear=wrong))
+    assert kernels._self_check().startswith("the kernel built on this CPU computes 7-row products nan away")
+
+
 @needs_kernel
 def test_kernel_curves_script_writes_one_row_per_kernel_dtype_and_size(tmp_path, capsys):
     """scripts/kernel_curves.py end to end on a tiny model: float32 times both kernels, bfloat16 only

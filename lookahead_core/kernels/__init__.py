@@ -65,7 +65,27 @@ def unavailable() -> str | None:
                               extra_cflags=["-O3", "-mavx512f", "-mfma", "-fopenmp"], extra_ldflags=["-fopenmp"], verbose=False)
         except (RuntimeError, OSError, ImportError) as error:   # no ninja, a compiler error, ...
             _failure = f"building {_SOURCE.name} failed: {str(error).strip().splitlines()[-1]}"
+        else:
+            _failure = _self_check()
+            if _failure is not None:
+                _extension = None
     return _failure
+
+
+def _self_check() -> str | None:
+    """The built kernel against ``F.linear`` on this CPU, at every row count it serves (as the
+    attention backend is admitted: a kernel compiled here that computes wrong values is refused)."""
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(40, 48, generator=generator)
+    bias = torch.randn(40, generator=generator)
+    for rows in range(1, MAX_ROWS + 1):
+        x = torch.randn(rows, 48, generator=generator)
+        got, want = _extension.stream_linear(x, weight, bias), F.linear(x, weight, bias)
+        if not torch.allclose(got, want, rtol=1e-4, atol=1e-4):
+            diff = float((got - want).abs().max())      # nan where the kernel gave NaN
+            return (f"the kernel built on this CPU computes {rows}-row products {diff:.3g} away from "
+                    f"torch.nn.functional.linear's")
+    return None
 
 
 def stream_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
