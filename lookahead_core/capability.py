@@ -25,7 +25,7 @@ per model object (and dtype, device, attention implementation).
 
 The attention backend is admitted too (:func:`attention_verdict`): a backend that runs compiled code
 (flex_attention: torch compiles its kernel for the device at hand) must give, on the real model,
-the logits SDPA gives on the steps a decode takes (a prefill, 1-row steps, branching steps, each
+the logits SDPA (eager where the model has no SDPA path) gives on the steps a decode takes (a prefill, 1-row steps, branching steps, each
 kernel's static and dynamic compile). torch's compiled CPU flex kernel returns NaN or wrong values
 on some shapes on AVX2 CPUs (torch 2.13); such a backend is refused before anything decodes
 (:class:`UnsupportedAttentionError`), naming the device, the cause and what does run right there.
@@ -167,7 +167,7 @@ def _model_type(lm: CausalLM) -> str:
 # The attention backend on this device
 
 COMPILED_ATTENTION = ("flex_attention",)     # backends that run code compiled for the device at hand
-REFERENCE_ATTENTION = "sdpa"
+REFERENCE_ATTENTION = ("sdpa", "eager")      # the first the model supports (Gemma 2 has no SDPA path)
 
 
 @dataclass(frozen=True)
@@ -225,13 +225,14 @@ def check_attention(lm: CausalLM) -> AttentionVerdict:
     with _attention(lm.model, REFERENCE_ATTENTION) as reference:
         expected = _attention_forwards(reference, ids)
         noise = _noise(reference, reference.new_cache(), 0, ids[:_CONTEXT + 16])
+        name = reference.attention
     limit = threshold(logit_tolerance(lm.dtype), noise)
-    max_diff, cause = _compare(lm, ids, expected, limit)
+    max_diff, cause = _compare(lm, ids, expected, limit, name)
     if cause is None:
         return AttentionVerdict(lm.attention, device_label(lm.device), max_diff, limit)
-    alternatives = [f"attn_implementation={REFERENCE_ATTENTION!r} (the reference here)"]
+    alternatives = [f"attn_implementation={name!r} (the reference here)"]
     with uncompiled():
-        if _compare(lm, ids, expected, limit)[1] is None:
+        if _compare(lm, ids, expected, limit, name)[1] is None:
             cause += "; run uncompiled it is right, so the kernel torch compiles for this device is at fault"
             alternatives.append(f"{lm.attention} uncompiled (TORCHDYNAMO_DISABLE=1 in the environment: right here, slow)")
     return AttentionVerdict(lm.attention, device_label(lm.device), max_diff, limit, cause, tuple(alternatives))
@@ -254,10 +255,17 @@ def compiling() -> bool:
 
 
 @contextmanager
-def _attention(model: torch.nn.Module, attention: str):
-    """``model`` under another attention implementation (a ``CausalLM`` of it), restored after."""
+def _attention(model: torch.nn.Module, choices: tuple[str, ...]):
+    """``model`` under the first attention implementation of ``choices`` it supports (a ``CausalLM``
+    of it), restored after."""
     before = model.config._attn_implementation
-    model.set_attn_implementation(attention)
+    for attention in choices:
+        try:
+            model.set_attn_implementation(attention)
+            break
+        except ValueError:               # transformers: this architecture has no such path
+            if attention == choices[-1]:
+                raise
     try:
         yield CausalLM(model)
     finally:
@@ -294,7 +302,7 @@ def _attention_forwards(lm: CausalLM, ids: list[int]) -> list[tuple[str, torch.T
 
 
 def _compare(lm: CausalLM, ids: list[int], expected: list[tuple[str, torch.Tensor]],
-             limit: float) -> tuple[float, str | None]:
+             limit: float, reference: str) -> tuple[float, str | None]:
     """The largest difference from ``expected``, and the first forward that departs (None: none does)."""
     try:
         got = _attention_forwards(lm, ids)
@@ -306,11 +314,11 @@ def _compare(lm: CausalLM, ids: list[int], expected: list[tuple[str, torch.Tenso
     for (what, want), (_, have) in zip(expected, got):
         have, want = have.float(), want.float()
         if bool(have.isnan().any()) and not bool(want.isnan().any()):
-            return math.nan, f"{what} gave NaN logits where {REFERENCE_ATTENTION} does not"
+            return math.nan, f"{what} gave NaN logits where {reference} does not"
         diff = float((have - want).abs().max())
         worst = max(worst, diff)
         if diff > limit and cause is None:
-            cause = f"{what} gave logits {diff:.3g} away from {REFERENCE_ATTENTION}'s (threshold {limit:.3g})"
+            cause = f"{what} gave logits {diff:.3g} away from {reference}'s (threshold {limit:.3g})"
     return worst, cause
 
 
