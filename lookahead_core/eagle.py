@@ -388,7 +388,7 @@ class EagleSource:
         past = self.cache.get_seq_length()
         mask = torch.ones(len(tokens), past + len(tokens), dtype=torch.bool, device=device)
         mask[:, past:] = torch.ones(len(tokens), len(tokens), dtype=torch.bool, device=device).tril()
-        out = self.drafter(tokens, self.drafter.from_base(features), positions, mask, self.cache)
+        out = self.drafter(tokens, self.drafter.from_base(features.to(device)), positions, mask, self.cache)
         self.next = first + len(tokens)
         self.root = out[-1]
         self._count(start)

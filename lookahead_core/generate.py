@@ -8,7 +8,8 @@ folder, and its function is :func:`generate`::
                          custom_generate="<clone>/hub", trust_remote_code=True, lookahead="auto")
 
 What ``generate`` does and this does too: the generation config merged with the keyword arguments
-as transformers merges them (model defaults, then the call's), ``max_new_tokens``/``max_length``,
+as transformers merges them (model defaults, then the call's), the length as ``generate`` resolves it
+(``max_new_tokens`` counts new tokens, ``max_length`` the input too, neither: 20 new tokens),
 EOS ids, greedy or sampling (temperature, top-k, top-p, applied as transformers applies them),
 stopping criteria and stop strings (checked after every token, so a sequence stops at exactly the
 token it would stop at in ``generate``), a streamer (batch size 1, as in ``generate``), left-padded
@@ -112,6 +113,7 @@ def generate(model, inputs: torch.Tensor | None = None, generation_config=None, 
         raise ValueError("lookahead generate: pass `input_ids` (or `inputs`) as a 2-D tensor of token ids")
     if kwargs.pop("use_cache", True) is False:
         raise ValueError("lookahead generate: `use_cache=False` is not supported (the loop is built on the KV cache)")
+    unset = {name: _unset(model, generation_config, kwargs, name) for name in ("max_length", "min_length")}
     gen, rest = model._prepare_generation_config(generation_config, **kwargs)
     config = _lookahead_config(lookahead if lookahead is not None else getattr(gen, "lookahead", "auto"))
     unknown = sorted(k for k in rest if k not in _UNSERVED_FIELDS)
@@ -129,10 +131,13 @@ def generate(model, inputs: torch.Tensor | None = None, generation_config=None, 
 
     prompts, paddings = _prompts(input_ids, attention_mask)
     width = input_ids.shape[1]
-    max_new = gen.max_new_tokens if gen.max_new_tokens is not None else gen.max_length - width
-    if max_new < 1:
-        raise ValueError(f"lookahead generate: the input is {width} tokens and max_length {gen.max_length}: nothing "
-                         "to generate; set max_new_tokens")
+    # generate's own length rules, by its own code: max_new_tokens counts new tokens, max_length the
+    # input too (left padding included), and with neither set anywhere 20 new tokens (within
+    # max_position_embeddings), with its warning; an input that leaves nothing to generate is refused.
+    gen = model._prepare_generated_length(gen, unset["max_length"], unset["min_length"], "input_ids", width,
+                                          input_ids)
+    model._validate_generated_length(gen, width, unset["max_length"])
+    max_new = gen.max_length - width
     eos = gen.eos_token_id
     eos = () if eos is None else (eos,) if isinstance(eos, int) else tuple(int(t) for t in eos)
     limits = DecodeLimits(max_new_tokens=max_new, eos_token_ids=eos)
@@ -165,6 +170,13 @@ def generate(model, inputs: torch.Tensor | None = None, generation_config=None, 
 
         return GenerateDecoderOnlyOutput(sequences=sequences)
     return sequences
+
+
+def _unset(model, generation_config, kwargs: dict, name: str) -> bool:
+    """``generate``'s test of a length left to the global default (``has_default_max_length``): neither
+    the call, its generation config nor the model's sets ``name``."""
+    return (kwargs.get(name) is None and getattr(generation_config, name, None) is None
+            and getattr(model.generation_config, name, None) is None)
 
 
 def _lookahead_config(option) -> LookaheadConfig | str | None:

@@ -73,6 +73,10 @@ class CausalLM:
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._keeps_logits = "logits_to_keep" in params
+        # Spread over devices by a device_map, the last hidden states (which logits_to_keep indexes)
+        # are on the last device, and accelerate's hooks move every tensor argument of the model to
+        # the first: logits_to_keep is then an int (the rows from the first one needed on).
+        self.spread = len(set(getattr(model, "hf_device_map", {}).values())) > 1
         self.flex = None
         if attn == "flex_attention":
             try:
@@ -170,8 +174,12 @@ class CausalLM:
             }
         mask = next(iter(masks.values())) if masks is not None and len(masks) == 1 else masks
         kwargs = {self._cache_kw: cache}
-        if self._keeps_logits:
+        first = 0                                          # the row of the model's first logits
+        if self._keeps_logits and not self.spread:
             kwargs["logits_to_keep"] = on["needed"]
+        elif self._keeps_logits:
+            first = int(needed[0])
+            kwargs["logits_to_keep"] = q - first
         out = self.model(
             input_ids=on["input_ids"],
             position_ids=on["position_ids"],
@@ -180,13 +188,17 @@ class CausalLM:
             output_hidden_states=hidden,
             **kwargs,
         )
-        logits = out.logits if self._keeps_logits else out.logits[:, on["needed"]]      # (B, r, V)
-        per_feed = [logits[0]] if len(feeds) == 1 else [logits[b, on[f"pick{b}"]] for b in range(len(feeds))]
+        # Each index goes to the device of what it indexes (a no-op on one device, and under a
+        # device_map, whose hooks return the outputs on the device of the inputs).
+        kept = self._keeps_logits and not self.spread
+        logits = out.logits if kept else out.logits[:, (on["needed"] - first).to(out.logits.device)]     # (B, r, V)
+        per_feed = [logits[0]] if len(feeds) == 1 else \
+            [logits[b, on[f"pick{b}"].to(logits.device)] for b in range(len(feeds))]
         if not hidden:
             return per_feed
-        layers = self.feature_layers
-        states = out.hidden_states[-1] if len(layers) == 1 else torch.cat([out.hidden_states[i] for i in layers], -1)
-        return [(lg, states[b, on[f"rows{b}"]]) for b, lg in enumerate(per_feed)]
+        layers, last = self.feature_layers, out.hidden_states[-1]
+        states = last if len(layers) == 1 else torch.cat([out.hidden_states[i].to(last.device) for i in layers], -1)
+        return [(lg, states[b, on[f"rows{b}"].to(states.device)]) for b, lg in enumerate(per_feed)]
 
 
 def to_device(tensors: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:

@@ -4,6 +4,8 @@
 ``<repo>/../shared/data``, as :func:`default_data_root` says), else the few items committed under
 ``tests/fixtures/data`` (same layout; provenance in tests/fixtures/data/SOURCES.md), so that a fresh clone runs them too.
 Tests that need the full set (item counts, all solutions) mark themselves ``needs_full_data``.
+
+A run fails if it leaves ``pip freeze`` changed (:mod:`same_environment`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import pytest
 import torch
 
 from experiments.data.datasets import default_data_root
+from same_environment import pytest_sessionfinish, pytest_sessionstart  # noqa: F401 (hooks: pip freeze unchanged)
 
 # Tiny models run fastest on one thread, and on a shared 2-core machine two threads spin-wait
 # against other processes and run many times slower.

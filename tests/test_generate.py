@@ -9,6 +9,8 @@ loop cannot serve is refused naming the option; and the folder loads through tra
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
@@ -94,6 +96,33 @@ def test_the_hub_folder_runs_through_transformers_custom_generate():
     assert torch.equal(out.sequences, reference) and out.scores is None
     with pytest.raises(ValueError, match="trust_remote_code"):
         model.generate(ids, custom_generate=HUB, **kwargs)
+
+
+@pytest.mark.parametrize(("width", "call", "model_default"), [
+    (10, {}, {}),                                   # nothing set: 20 new tokens ...
+    (30, {}, {}),                                   # ... whatever the input's length
+    (250, {}, {}),                                  # ... within max_position_embeddings (256): 6
+    (10, {"max_length": 17}, {}),                   # max_length counts the input
+    (10, {"max_new_tokens": 7}, {}),
+    (10, {}, {"max_length": 25}),                   # the model's generation config, counted the same ways
+    (30, {}, {"max_new_tokens": 9}),
+    (10, {"max_new_tokens": 5}, {"max_length": 40}),
+], ids=["none-short", "none-long", "none-position-limit", "max_length", "max_new_tokens", "config-max_length",
+        "config-max_new_tokens", "call-over-config"])
+def test_lengths_follow_generates_rules(width, call, model_default):
+    """Issue 58: with no length the folder returned 20 tokens in all (and refused a prompt over 20)
+    where generate returns 20 new ones."""
+    model = tiny_family_model("llama")
+    model.generation_config.update(**model_default)
+    ids = torch.tensor(prompts(model.config.vocab_size, lengths=(width,), seed=3))
+    kwargs = dict(do_sample=False, eos_token_id=None, pad_token_id=0, **call)
+    reference = model.generate(ids, **kwargs)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = via_hub(model, ids, lookahead="lookahead", **kwargs)
+    assert torch.equal(out, reference), (out.shape, reference.shape)
+    default_warned = any("model-agnostic default `max_length`" in str(w.message) for w in caught)
+    assert default_warned == (not call and not model_default)        # generate's warning, when it gives it
 
 
 @pytest.mark.slow
@@ -220,7 +249,7 @@ def test_stop_strings_and_max_length_as_generate_reads_them():
     ({"output_hidden_states": True, "return_dict_in_generate": True}, "output_hidden_states=True"),
     ({"repetition_penalty": 1.3}, "RepetitionPenaltyLogitsProcessor"),
     ({"no_repeat_ngram_size": 2}, "NoRepeatNGramLogitsProcessor"),
-    ({"min_new_tokens": 4, "eos_token_id": 5}, "MinNewTokensLengthLogitsProcessor"),
+    ({"min_new_tokens": 4, "eos_token_id": 5}, "MinLengthLogitsProcessor"),   # min_new_tokens, as generate reads it
     ({"do_sample": True, "min_p": 0.1}, "MinPLogitsWarper"),
     ({"prompt_lookup_num_tokens": 3}, "prompt_lookup_num_tokens=3"),
     ({"cache_implementation": "static"}, "cache_implementation"),
@@ -229,7 +258,7 @@ def test_stop_strings_and_max_length_as_generate_reads_them():
     ({"lookahead": "fastest"}, "must be one of auto, lookahead, greedy"),
     ({"lookahead": {"window": 0}}, "window"),
     ({"windw": 3}, "`windw` is neither a generation option nor one of this decoder's"),
-    ({"max_length": 10, "max_new_tokens": None}, "nothing to generate"),
+    ({"max_length": 10, "max_new_tokens": None}, "`max_length` is set to 10"),
 ])
 def test_what_the_loop_cannot_serve_is_refused_naming_it(kwargs, match):
     model = tiny_random_model("llama")

@@ -98,8 +98,11 @@ def test_the_decoder_installs_and_runs_without_the_harness(wheel: Path, tmp_path
     (purelib / "deps.pth").write_text(str(tmp_path / "deps") + "\n")
     # pip of this interpreter installs into the venv (--prefix), from the wheel alone: every
     # requirement must already be met there, else it fails (--no-index: nothing to download).
-    install = subprocess.run([sys.executable, "-m", "pip", "install", "--no-index", "--no-deps", "-q",
-                              "--prefix", str(env_dir), str(wheel)], capture_output=True, text=True, timeout=300)
+    # --ignore-installed: pip would first uninstall the lookahead-bench of the environment running
+    # the tests (issue 58); conftest.py fails a session that changes that environment.
+    install = subprocess.run([sys.executable, "-m", "pip", "install", "--no-index", "--no-deps", "--ignore-installed",
+                              "-q", "--prefix", str(env_dir), str(wheel)], capture_output=True, text=True,
+                             timeout=300)
     assert install.returncode == 0, install.stderr
     check = subprocess.run([python, "-m", "pip", "check"], capture_output=True, text=True) \
         if (purelib / "pip").exists() else None
