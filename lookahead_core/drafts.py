@@ -75,6 +75,8 @@ class StepOutcome:
     features: torch.Tensor | None = None   # (k, H) last hidden states of the rows at positions
                                            # len(context) - 1 - k .. len(context) - 2, each of which predicted
                                            # the token after it (for sources registered with features=True)
+    feature_tokens: torch.Tensor | None = None   # (k,) those tokens, context[-k:], on the features' device
+                                                 # (None: the source makes them from ``context``)
 
 
 class DraftSource(Protocol):
