@@ -243,7 +243,8 @@ def _run(model, prompts: list[list[int]], lookahead: LookaheadConfig | None, lim
     outputs: dict[int, DecodeOutput] = {}
     live = list(range(len(seqs)))                     # cache row r holds sequence live[r]
 
-    def retire(start: float) -> None:
+    def retire(start: float, rest_index: torch.Tensor | None = None) -> None:
+        """Sequences that are done leave the batch (``rest_index``: the others' rows, on the device)."""
         nonlocal live
         done = [r for r, i in enumerate(live) if seqs[i].done]
         for r in done:
@@ -258,7 +259,7 @@ def _run(model, prompts: list[list[int]], lookahead: LookaheadConfig | None, lim
         if done and len(done) < len(live):
             rest = [r for r in range(len(live)) if r not in done]
             live = [live[r] for r in rest]
-            select_sequences(cache, rest, max(seqs[i].committed for i in live))
+            select_sequences(cache, rest if rest_index is None else rest_index, max(seqs[i].committed for i in live))
         elif done:
             live = []
 
@@ -266,6 +267,7 @@ def _run(model, prompts: list[list[int]], lookahead: LookaheadConfig | None, lim
     retire(start)
     while live:
         batch = [seqs[i] for i in live]
+        _launch(batch)
         plans = [_draft(seq, lm.position_limit) for seq in batch]
         past, valid, comm = cache.get_seq_length(), [seq.committed for seq in batch], lm.comm_seconds
         logits, states = _forward(lm, cache, batch, plans, hidden, clock)
@@ -277,13 +279,16 @@ def _run(model, prompts: list[list[int]], lookahead: LookaheadConfig | None, lim
             keep.append(_keep(plan, verdict, kept))
             if features and seq.proposer is not None:      # the features' rows and tokens: in the commit's copy
                 also |= {f"rows{b}": _chose(plan, verdict, kept), f"tokens{b}": torch.tensor(seq.tokens[-kept:])}
+        rest = [r for r, seq in enumerate(batch) if not seq.done]
+        if 0 < len(rest) < len(batch):                      # the rows that stay: in the commit's copy too
+            also["rest"] = torch.tensor(rest)
         on = lm.commit(cache, past, keep, valid, also)
         for b, (seq, plan, verdict, read, row_states) in enumerate(zip(batch, plans, verdicts, reads, states)):
             chose = (on[f"rows{b}"], on[f"tokens{b}"]) if f"rows{b}" in on else None
             _learn(seq, plan, verdict, seq.stats.accepted[-1], read, row_states, chose, layers)
         for seq in batch:
             seq.stats.comm_seconds += lm.comm_seconds - comm
-        retire(start)
+        retire(start, on.get("rest"))
     _read_clocks(seqs, clock)
     return [outputs[i] for i in range(len(seqs))]
 
@@ -302,6 +307,18 @@ class _Plan:
     layout: StepLayout
     feed: Feed
     windowed: bool                   # the window's rows are in this step (not near the position limit)
+
+
+def _launch(batch: list[_Sequence]) -> None:
+    """Sources that draft on the device (an EAGLE drafter's tree) queue their work for every
+    sequence, and the host reads all of it in one copy (``launch``, ``land``)."""
+    launched = [(source, tree) for seq in batch if seq.proposer is not None for source in seq.proposer.sources
+                if hasattr(source, "launch") and (tree := source.launch()) is not None]
+    if launched:
+        host, at = torch.cat([tree for _, tree in launched]).tolist(), 0
+        for source, tree in launched:
+            source.land(host[at:at + len(tree)])
+            at += len(tree)
 
 
 def _draft(seq: _Sequence, position_limit: int | None) -> _Plan:

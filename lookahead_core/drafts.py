@@ -96,6 +96,9 @@ class DraftSource(Protocol):
     # Optional, for a source with state of the conversation's text (EagleSource's KV cache): ``name``,
     # ``handover() -> state | None`` at the decode's end and ``resume(state)`` before the next turn's
     # first update; the state travels in ``DecodeState.sources``.
+    # Optional, for a source that drafts on the model's device (EagleSource): ``launch() -> tensor |
+    # None`` queues the step's work, and the decode loop reads every sequence's tensor in one copy
+    # and hands each its part (``land(values)``) before ``propose``.
 
 
 class NGramSource:

@@ -350,6 +350,7 @@ class EagleSource:
         self.root: torch.Tensor | None = None     # (H,) predicted feature of the position after the text
         self.clock = ForwardClock(drafter.device)   # times the drafter's work without waiting for it
         self.spans: list = []
+        self.landed: list[float] | None = None      # the host's copy of the tree launched for this step
         self.resumed = False                      # the cache is an earlier turn's, not yet extended
 
     @classmethod
@@ -400,14 +401,29 @@ class EagleSource:
         self._stop(span)
 
     @torch.no_grad()
-    def propose(self, context: Sequence[int]) -> list[Draft]:
+    def launch(self) -> torch.Tensor | None:
+        """Grow the step's tree on the device (queued, not waited for); what the host must read of
+        it, which the decode loop reads with every sequence's in one copy and hands to :meth:`land`
+        (None: no tree this step)."""
         if self.root is None or not self.size or not self.depth:
-            return []
+            return None
         span = self.clock.start()
-        nodes = self._grow()
+        tree = self._grow_on_device()
         truncate_kv(self.cache, self.next - self.first)   # the tree's entries go: the cache holds the text
         self._stop(span)
-        return _drafts(nodes, self.size)
+        return tree
+
+    def land(self, read: list[float]) -> None:
+        """The host's copy of what :meth:`launch` returned, for the next :meth:`propose`."""
+        self.landed = read
+
+    @torch.no_grad()
+    def propose(self, context: Sequence[int]) -> list[Draft]:
+        if self.landed is None:                             # not launched by the loop: launch and read here
+            tree = self.launch()
+            self.landed = tree.tolist() if tree is not None else None
+        read, self.landed = self.landed, None
+        return _drafts(self._nodes(read), self.size) if read is not None else []
 
     def _stop(self, span: list) -> None:
         """Close ``span``, the drafter's work since it opened (on a GPU: events, not waited for)."""
@@ -416,7 +432,11 @@ class EagleSource:
 
     def _grow(self) -> list[_Node]:
         """Every node the levels generated (their ``width`` best per level expanded, ``width``
-        children each), grown on the drafter's device and read by the host once, at the end."""
+        children each)."""
+        return self._nodes(self._grow_on_device().tolist())
+
+    def _grow_on_device(self) -> torch.Tensor:
+        """The tree grown on the drafter's device, as :meth:`_nodes` reads it (float64, (n,))."""
         drafter, device = self.drafter, self.drafter.device
         log_probs = drafter.log_probs(self.root[None])[0]
         width = min(self.width, log_probs.shape[-1])
@@ -447,12 +467,14 @@ class EagleSource:
             ids, tokens, scores = count + best, children[best], paths[best]
             features, seen = out[best // width], torch.cat([seen, eye], 1)[best // width]
             count += width * width
-        return self._nodes(torch.cat(read).tolist(), width)
+        return torch.cat([torch.full((1,), width, dtype=torch.float64, device=device), *read])
 
-    def _nodes(self, read: list[float], width: int) -> list[_Node]:
-        """The nodes from what :meth:`_grow` read: the first level's tokens and log-probabilities,
-        then per level grown the fed nodes' indices and their children's tokens and log-probabilities
-        (row by row); from the first level whose fed nodes' mass is below ``level_cost`` on, none."""
+    def _nodes(self, read: list[float]) -> list[_Node]:
+        """The nodes from the host's copy of :meth:`_grow_on_device`: the width, the first level's
+        tokens and log-probabilities, then per level grown the fed nodes' indices and their
+        children's tokens and log-probabilities (row by row); from the first level whose fed
+        nodes' mass is below ``level_cost`` on, none."""
+        width, read = int(read[0]), read[1:]
         nodes = [_Node(int(token), value, -1, 1, math.exp(value)) for token, value in zip(read[:width], read[width:2 * width])]
         at, children = 2 * width, width * width
         while at < len(read):

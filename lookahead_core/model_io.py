@@ -304,9 +304,10 @@ def truncate_kv(cache: DynamicCache, length: int) -> None:
         layer.values = layer.values[..., :length, :]
 
 
-def select_sequences(cache: DynamicCache, rows: list[int], length: int) -> None:
-    """Keep only the cache rows ``rows`` (in that order), cut to ``length`` slots."""
-    index = _on_devices(cache, torch.tensor(rows))
+def select_sequences(cache: DynamicCache, rows: list[int] | torch.Tensor, length: int) -> None:
+    """Keep only the cache rows ``rows`` (in that order; a list, or already a tensor on the device),
+    cut to ``length`` slots."""
+    index = _on_devices(cache, rows if isinstance(rows, torch.Tensor) else torch.tensor(rows))
     for layer in cache.layers:
         layer.keys = layer.keys[index[layer.keys.device], :, :length]
         layer.values = layer.values[index[layer.values.device], :, :length]
