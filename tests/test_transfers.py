@@ -337,6 +337,48 @@ def test_every_decoder_makes_at_most_four_transfers_a_step(name, uncompiled):
     steps = step_transfers(model, run, drafters)
     assert max(steps) <= MAX_PER_STEP, f"{name}: per step {steps}; {step_transfers.worst}"
     assert max(out["o"].stats.accepted) > 1, "no step accepted a draft: the step's longest path was not exercised"
+    end = step_transfers.end             # the decode's end: one wait per clock (the model's, a drafter's)
+    assert len(end) <= 2 and all(t == "explicit Event.synchronize" for t in end), end
+    assert out["o"].stats.model_seconds > 0
+
+
+def test_the_count_has_teeth_a_per_row_read_and_a_synchronize_in_the_drafter_are_seen(monkeypatch):
+    """EAGLE's tree growth as it was (each frontier row's children read on their own, the drafter's
+    time taken after ``torch.cuda.synchronize``): the counter sees every read and the synchronize."""
+    from lookahead_core.eagle import EagleSource
+
+    grow, stop = EagleSource._grow_on_device, EagleSource._stop
+
+    def per_row(self):
+        tree = grow(self)
+        for row in tree[1:].view(-1, 8):
+            row.tolist()
+        return tree
+
+    def synchronized(self, span):
+        torch.cuda.synchronize(self.drafter.device)
+        stop(self, span)
+
+    monkeypatch.setattr(EagleSource, "_grow_on_device", per_row)
+    monkeypatch.setattr(EagleSource, "_stop", synchronized)
+    model = tiny_random_model("llama", num_hidden_layers=4)
+    steps = step_transfers(model, lambda lm: decode(lm, PROMPT, EAGLE, DecodeLimits(max_new_tokens=16)),
+                           eagle_drafter(model))
+    assert max(steps) > 5 * 8, steps                       # 5 levels of 8 rows and more
+    assert step_transfers.worst.count("explicit torch.cuda.synchronize") == 2       # update's and launch's
+
+
+def test_the_count_has_teeth_a_comparison_answered_to_the_host_is_seen():
+    model = tiny_random_model("llama")
+    sim = DeviceSim(model)
+    with sim:
+        logits = model(torch.tensor([[1, 2, 3]], device="cpu")).logits[0]
+        torch.equal(logits[0], logits[1]), torch.allclose(logits[0], logits[1]), 5 in logits.argmax(-1)
+        torch.cuda.current_stream().synchronize()
+    assert [t for t in sim.transfers if "host answer" in t or "explicit" in t] == [
+        "device->host (a host answer) _VariableFunctionsClass.equal",
+        "device->host (a host answer) _VariableFunctionsClass.allclose",
+        "device->host (a host answer) Tensor.__contains__", "explicit Stream.synchronize"], sim.transfers
 
 
 BATCHED = {"lookahead": (CONFIGS["lookahead_w4_n3_g4_pool"], None, None), "eagle": (EAGLE, eagle_drafter, None),
@@ -359,7 +401,7 @@ def test_the_count_has_teeth_a_per_layer_index_copy_is_seen(monkeypatch):
     loop) makes 3 transfers per layer on a step that accepts drafts: the counter must see them."""
     from lookahead_core import model_io
 
-    def per_layer_commit(cache, past, keep_rows, valid=None):
+    def per_layer_commit(cache, past, keep_rows, valid=None, also=None, device=None):
         valid = valid if valid is not None else [past] * len(keep_rows)
         moves = [(b, start + i, past + r) for b, (start, rows) in enumerate(zip(valid, keep_rows))
                  for i, r in enumerate(rows) if start + i != past + r]
@@ -374,6 +416,7 @@ def test_the_count_has_teeth_a_per_layer_index_copy_is_seen(monkeypatch):
                 layer.values[r, :, d] = layer.values[r, :, s]
             layer.keys = layer.keys[..., :new_len, :]
             layer.values = layer.values[..., :new_len, :]
+        return {}
 
     monkeypatch.setattr(model_io, "commit_kv", per_layer_commit)
     model = tiny_random_model("llama", num_hidden_layers=6)
