@@ -4,19 +4,24 @@ greedy or sampled, for one sequence (``decode``) or a batch (``decode_batch``).
 One loop serves every mode and batch size. ``_prefill`` fills the cache with the prompts and
 gives each sequence its first token; then each step, for every live sequence:
   1. ``_draft``: gather drafts from the sources (drafts.py: the n-gram pool, suffix matches,
-     recycled successors) into one tree, cut to the token budget, and lay out what the sequence
-     feeds: input token + window + tree (layout.py builds masks and positions);
+     recycled successors, a drafter's tree, which every sequence's drafter grows on the device
+     and the host reads in one copy: ``_launch``) into one tree, cut to the token budget, and lay
+     out what the sequence feeds: input token + window + tree (layout.py builds masks and positions);
   2. ``_forward``: one forward for every sequence's rows, in one batch;
-  3. ``_verify``: read the logits to the host (``_read``: one copy for the batch) and walk the tree:
-     the accepted path plus one token of the model's own (verify.py);
+  3. ``_verify``: read the logits to the host (``_read``: one copy for the batch: each row's argmax,
+     a sampler's draw, a source's top-k) and walk the tree: the accepted path plus one token of
+     the model's own (verify.py);
   4. ``_accept``: append those tokens to the sequence one by one, up to EOS, max_new_tokens, a stop
      string or the caller's ``on_token`` saying stop (streamers, stopping criteria);
-  5. ``_learn``: hand the sources the step's outcome (the committed text, the window's next level,
-     the rows' top-k, a hidden state) and count the tree's acceptance (``DraftStats``);
-  6. ``_keep``: the KV rows to keep, the input token's and the accepted path's (``commit_kv``).
+  5. ``_keep``: the KV rows to keep, the input token's and the accepted path's (``commit_kv``,
+     whose one copy also carries the rows the sources' features come from, and the rows that
+     stay in the batch);
+  6. ``_learn``: hand the sources the step's outcome (the committed text, the window's next level,
+     the rows' top-k, hidden states) and count the tree's acceptance (``DraftStats``).
 A finished sequence then leaves the batch with its output (``retire``). A step makes at most 4
-host<->device transfers whatever the number of layers (tests/test_transfers.py): the feed (2), the
-logits read (3; a second copy with Token Recycling's top-k) and the kept rows' indices (6).
+host<->device transfers whatever the number of layers and the decoder (tests/test_transfers.py):
+the feed (2), the drafter's tree (1), the logits read (3) and the commit's indices (5); no
+synchronize: forwards are timed with CUDA events, read once the decode is done (``_read_clocks``).
 """
 
 from __future__ import annotations
@@ -428,7 +433,7 @@ def _chose(plan: _Plan, verdict: Verdict, kept: int) -> torch.Tensor:
 
 def _learn(seq: _Sequence, plan: _Plan, verdict: Verdict, kept: int, read: _Read, hidden: torch.Tensor | None,
            chose: tuple[torch.Tensor, torch.Tensor] | None = None, layers: int = 1) -> None:
-    """5. Hand the sequence's sources what the step showed (``StepOutcome``): the ``kept`` tokens it
+    """6. Hand the sequence's sources what the step showed (``StepOutcome``): the ``kept`` tokens it
     committed, the window's next level, every logit row's top-k, the hidden state of the row that
     gave the last kept token (the last layer's: the first of the ``layers`` side by side; with
     ``chose``, the rows that gave the kept tokens and those tokens, on the device: all of them, of
@@ -450,7 +455,7 @@ def _learn(seq: _Sequence, plan: _Plan, verdict: Verdict, kept: int, read: _Read
 
 
 def _keep(plan: _Plan, verdict: Verdict, kept: int) -> list[int]:
-    """6. The step rows whose KV the sequence keeps: the input token's and the accepted path's, as
+    """5. The step rows whose KV the sequence keeps: the input token's and the accepted path's, as
     far as its ``kept`` tokens go (the last one has no KV yet)."""
     path_rows = plan.layout.tree_rows[verdict.path].tolist() if verdict.path else []
     return [0] + path_rows[: kept - 1]

@@ -24,7 +24,9 @@ Each step (:class:`EagleSource`):
   calibrated to acceptance), each node seeing the committed cache and its ancestors, and takes each
   one's top ``width`` children; after ``depth`` levels (fewer where a level's price,
   ``LookaheadConfig.draft_cost``, exceeds what it can add) the ``size`` best nodes of the whole tree
-  (a prefix-closed set: a node never scores above its parent) become the drafts. The tree's nodes
+  (a prefix-closed set: a node never scores above its parent) become the drafts. The tree grows
+  on the drafter's device and the host reads it once a step (``launch``: the decode loop reads
+  every sequence's in one copy); per-level stops under ``draft_cost`` are applied as it is read. The tree's nodes
   then compete in the one token tree with every other source's (``Proposer``): each token is tagged
   ``eagle:p<d>``, d the decile of the drafter's probability for it, so the acceptance measured per
   tag and depth recalibrates it. The base verifies the tree like any other draft, so the output is
