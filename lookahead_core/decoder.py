@@ -4,19 +4,24 @@ greedy or sampled, for one sequence (``decode``) or a batch (``decode_batch``).
 One loop serves every mode and batch size. ``_prefill`` fills the cache with the prompts and
 gives each sequence its first token; then each step, for every live sequence:
   1. ``_draft``: gather drafts from the sources (drafts.py: the n-gram pool, suffix matches,
-     recycled successors) into one tree, cut to the token budget, and lay out what the sequence
-     feeds: input token + window + tree (layout.py builds masks and positions);
+     recycled successors, a drafter's tree, which every sequence's drafter grows on the device
+     and the host reads in one copy: ``_launch``) into one tree, cut to the token budget, and lay
+     out what the sequence feeds: input token + window + tree (layout.py builds masks and positions);
   2. ``_forward``: one forward for every sequence's rows, in one batch;
-  3. ``_verify``: read the logits to the host (``_read``: one copy for the batch) and walk the tree:
-     the accepted path plus one token of the model's own (verify.py);
+  3. ``_verify``: read the logits to the host (``_read``: one copy for the batch: each row's argmax,
+     a sampler's draw, a source's top-k) and walk the tree: the accepted path plus one token of
+     the model's own (verify.py);
   4. ``_accept``: append those tokens to the sequence one by one, up to EOS, max_new_tokens, a stop
      string or the caller's ``on_token`` saying stop (streamers, stopping criteria);
-  5. ``_learn``: hand the sources the step's outcome (the committed text, the window's next level,
-     the rows' top-k, a hidden state) and count the tree's acceptance (``DraftStats``);
-  6. ``_keep``: the KV rows to keep, the input token's and the accepted path's (``commit_kv``).
+  5. ``_keep``: the KV rows to keep, the input token's and the accepted path's (``commit_kv``,
+     whose one copy also carries the rows the sources' features come from, and the rows that
+     stay in the batch);
+  6. ``_learn``: hand the sources the step's outcome (the committed text, the window's next level,
+     the rows' top-k, hidden states) and count the tree's acceptance (``DraftStats``).
 A finished sequence then leaves the batch with its output (``retire``). A step makes at most 4
-host<->device transfers whatever the number of layers (tests/test_transfers.py): the feed (2), the
-logits read (3; a second copy with Token Recycling's top-k) and the kept rows' indices (6).
+host<->device transfers whatever the number of layers and the decoder (tests/test_transfers.py):
+the feed (2), the drafter's tree (1), the logits read (3) and the commit's indices (5); no
+synchronize: forwards are timed with CUDA events, read once the decode is done (``_read_clocks``).
 """
 
 from __future__ import annotations
@@ -25,7 +30,6 @@ import copy
 import time
 from collections import Counter
 from collections.abc import Callable
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -33,7 +37,7 @@ import torch
 from .config import DecodeLimits, LookaheadConfig, SamplingConfig
 from .drafts import DraftStats, Proposer, StepOutcome
 from .layout import EMPTY_TREE, DraftTree, StepLayout, cut_tree, step_layout
-from .model_io import CausalLM, Feed, select_sequences, sequence_cache, truncate_kv
+from .model_io import CausalLM, Feed, ForwardClock, select_sequences, sequence_cache, truncate_kv
 from .capability import require_support
 from .inputs import check_vocabulary, validate_input_ids
 from .positions import fit_step
@@ -244,14 +248,13 @@ def _run(model, prompts: list[list[int]], lookahead: LookaheadConfig | None, lim
     outputs: dict[int, DecodeOutput] = {}
     live = list(range(len(seqs)))                     # cache row r holds sequence live[r]
 
-    def retire(start: float) -> None:
+    def retire(start: float, rest_index: torch.Tensor | None = None) -> None:
+        """Sequences that are done leave the batch (``rest_index``: the others' rows, on the device)."""
         nonlocal live
         done = [r for r, i in enumerate(live) if seqs[i].done]
         for r in done:
             seq = seqs[live[r]]
             seq.stats.decode_seconds = time.perf_counter() - start
-            seq.stats.model_seconds = clock.seconds(seq.spans)
-            seq.stats.draft_seconds = seq.proposer.draft_seconds if seq.proposer is not None else 0.0
             seq.stats.new_tokens = len(seq.tokens) - len(seq.prompt)
             keep_pool = lookahead is not None and lookahead.keep_pool
             out_state = DecodeState(sequence_cache(cache, r, seq.committed), seq.tokens[:-1],
@@ -261,7 +264,7 @@ def _run(model, prompts: list[list[int]], lookahead: LookaheadConfig | None, lim
         if done and len(done) < len(live):
             rest = [r for r in range(len(live)) if r not in done]
             live = [live[r] for r in rest]
-            select_sequences(cache, rest, max(seqs[i].committed for i in live))
+            select_sequences(cache, rest if rest_index is None else rest_index, max(seqs[i].committed for i in live))
         elif done:
             live = []
 
@@ -269,21 +272,38 @@ def _run(model, prompts: list[list[int]], lookahead: LookaheadConfig | None, lim
     retire(start)
     while live:
         batch = [seqs[i] for i in live]
+        _launch(batch)
         plans = [_draft(seq, lm.position_limit) for seq in batch]
         past, valid, comm = cache.get_seq_length(), [seq.committed for seq in batch], lm.comm_seconds
         logits, states = _forward(lm, cache, batch, plans, hidden, clock)
         verdicts, reads = _verify(batch, plans, logits)
-        keep = []
-        for seq, plan, verdict, read, row_states in zip(batch, plans, verdicts, reads, states):
+        keep, also = [], {}
+        for b, (seq, plan, verdict) in enumerate(zip(batch, plans, verdicts)):
             kept = _accept(seq, verdict.tokens, limits, tokenizer, on_token)
             seq.stats.accepted.append(kept)
-            _learn(seq, plan, verdict, kept, read, row_states, features, layers)
             keep.append(_keep(plan, verdict, kept))
-        lm.commit(cache, past, keep, valid)
+            if features and seq.proposer is not None:      # the features' rows and tokens: in the commit's copy
+                also |= {f"rows{b}": _chose(plan, verdict, kept), f"tokens{b}": torch.tensor(seq.tokens[-kept:])}
+        rest = [r for r, seq in enumerate(batch) if not seq.done]
+        if 0 < len(rest) < len(batch):                      # the rows that stay: in the commit's copy too
+            also["rest"] = torch.tensor(rest)
+        on = lm.commit(cache, past, keep, valid, also)
+        for b, (seq, plan, verdict, read, row_states) in enumerate(zip(batch, plans, verdicts, reads, states)):
+            chose = (on[f"rows{b}"], on[f"tokens{b}"]) if f"rows{b}" in on else None
+            _learn(seq, plan, verdict, seq.stats.accepted[-1], read, row_states, chose, layers)
         for seq in batch:
             seq.stats.comm_seconds += lm.comm_seconds - comm
-        retire(start)
+        retire(start, on.get("rest"))
+    _read_clocks(seqs, clock)
     return [outputs[i] for i in range(len(seqs))]
+
+
+def _read_clocks(seqs: list[_Sequence], clock: ForwardClock) -> None:
+    """Every sequence's model and draft seconds, read once the batch is done (on a GPU the first
+    read of each clock waits for its last event: once per clock, not once per step or sequence)."""
+    for seq in seqs:
+        seq.stats.model_seconds = clock.seconds(seq.spans)
+        seq.stats.draft_seconds = seq.proposer.draft_seconds if seq.proposer is not None else 0.0
 
 
 @dataclass(frozen=True)
@@ -292,6 +312,18 @@ class _Plan:
     layout: StepLayout
     feed: Feed
     windowed: bool                   # the window's rows are in this step (not near the position limit)
+
+
+def _launch(batch: list[_Sequence]) -> None:
+    """Sources that draft on the device (an EAGLE drafter's tree) queue their work for every
+    sequence, and the host reads all of it in one copy (``launch``, ``land``)."""
+    launched = [(source, tree) for seq in batch if seq.proposer is not None for source in seq.proposer.sources
+                if hasattr(source, "launch") and (tree := source.launch()) is not None]
+    if launched:
+        host, at = torch.cat([tree for _, tree in launched]).tolist(), 0
+        for source, tree in launched:
+            source.land(host[at:at + len(tree)])
+            at += len(tree)
 
 
 def _draft(seq: _Sequence, position_limit: int | None) -> _Plan:
@@ -333,7 +365,7 @@ def _forward(lm: CausalLM, cache, batch: list[_Sequence], plans: list[_Plan], hi
 def _verify(batch: list[_Sequence], plans: list[_Plan], logits: list[torch.Tensor]) -> tuple[list[Verdict], list[_Read]]:
     """3. Each sequence's verdict on its tree (verify.py), from what the host has read of the logits."""
     reads = _read(batch, plans, logits)
-    return [seq.verify(plan.tree, rows, plan.layout.tree_logits.tolist(), read.argmax)
+    return [seq.verify(plan.tree, rows, plan.layout.tree_logits.tolist(), read.chosen)
             for seq, plan, rows, read in zip(batch, plans, logits, reads)], reads
 
 
@@ -341,31 +373,35 @@ def _verify(batch: list[_Sequence], plans: list[_Plan], logits: list[torch.Tenso
 class _Read:
     """What the host reads of one sequence's step logits."""
 
-    argmax: list[int] | None = None          # every logit row's argmax (greedy verification, the window)
+    argmax: list[int]                        # every logit row's argmax (the window's next level)
+    chosen: list[int]                        # every row's token as the verifier chose it (greedy: argmax)
     topk: torch.Tensor | None = None         # (r, k) top-k tokens of every row (Token Recycling)
     topk_probs: torch.Tensor | None = None   # (r, k) their probabilities
 
 
 def _read(batch: list[_Sequence], plans: list[_Plan], logits: list[torch.Tensor]) -> list[_Read]:
-    """The step's logits as the host needs them, for every sequence of the batch in one copy (two
-    with Token Recycling's top-k): each row's argmax where a sequence verifies greedily or advances
-    a window, its top-k where a source learns from it."""
-    wants = [seq.verify is verify_greedy or plan.windowed for seq, plan in zip(batch, plans)]
+    """The step's logits as the host needs them, for every sequence of the batch in one copy: each
+    row's argmax and, where a sequence samples, its draw (``Verifier.choose``); the top-k and their
+    probabilities where a source learns from them."""
     k = max((seq.proposer.topk for seq in batch if seq.proposer is not None), default=0)
-    if not any(wants) and not k:
-        return [_Read()] * len(batch)
     sizes = [len(rows) for rows in logits]
     flat = torch.cat(logits) if len(logits) > 1 else logits[0]
+    columns = [flat.argmax(-1, keepdim=True)]
+    sampled = any(seq.verify is not verify_greedy for seq in batch)
+    if sampled:
+        columns.append(torch.cat([seq.verify.choose(rows) for seq, rows in zip(batch, logits)])[:, None])
     if k:
         top = flat.topk(k, dim=-1)
-        host = torch.cat([flat.argmax(-1, keepdim=True), top.indices], 1).cpu()
-        probs = (top.values - flat.logsumexp(-1, keepdim=True)).exp().float().cpu()
-        argmax, topk = host[:, 0].tolist(), host[:, 1:]
-    else:
-        argmax, topk, probs = flat.argmax(-1).tolist(), None, None
+        columns += [top.indices, (top.values - flat.logsumexp(-1, keepdim=True)).exp()]
+    # float64 holds token ids (below 2 ** 53) and float32 probabilities exactly: one copy
+    host = torch.cat([column.double() for column in columns], 1).cpu()
+    argmax = host[:, 0].long().tolist()
+    chosen = host[:, 1].long().tolist() if sampled else argmax
+    topk = host[:, -2 * k:-k].long() if k else None
+    probs = host[:, -k:].float() if k else None
     reads, at = [], 0
     for n in sizes:
-        reads.append(_Read(argmax[at:at + n], None if topk is None else topk[at:at + n],
+        reads.append(_Read(argmax[at:at + n], chosen[at:at + n], None if topk is None else topk[at:at + n],
                            None if probs is None else probs[at:at + n]))
         at += n
     return reads
@@ -390,13 +426,18 @@ def _last_layer(states: torch.Tensor, layers: int) -> torch.Tensor:
     return states[..., :states.shape[-1] // layers]
 
 
+def _chose(plan: _Plan, verdict: Verdict, kept: int) -> torch.Tensor:
+    """The logit rows that chose the step's ``kept`` tokens: the input token's and the accepted path's."""
+    return plan.layout.tree_logits[[0] + [node + 1 for node in verdict.path[:kept - 1]]]
+
+
 def _learn(seq: _Sequence, plan: _Plan, verdict: Verdict, kept: int, read: _Read, hidden: torch.Tensor | None,
-           features: bool = False, layers: int = 1) -> None:
-    """5. Hand the sequence's sources what the step showed (``StepOutcome``): the ``kept`` tokens it
+           chose: tuple[torch.Tensor, torch.Tensor] | None = None, layers: int = 1) -> None:
+    """6. Hand the sequence's sources what the step showed (``StepOutcome``): the ``kept`` tokens it
     committed, the window's next level, every logit row's top-k, the hidden state of the row that
     gave the last kept token (the last layer's: the first of the ``layers`` side by side; with
-    ``features``: all of them, of each row that gave a kept token); and count the tree's acceptance
-    (``Proposer.update``)."""
+    ``chose``, the rows that gave the kept tokens and those tokens, on the device: all of them, of
+    each of those rows, and the tokens); and count the tree's acceptance (``Proposer.update``)."""
     proposer, layout, fed = seq.proposer, plan.layout, plan.feed.tokens
     if proposer is None:
         return
@@ -407,14 +448,14 @@ def _learn(seq: _Sequence, plan: _Plan, verdict: Verdict, kept: int, read: _Read
         outcome = replace(outcome, row_tokens=[fed[r] for r in layout.logit_rows.tolist()],
                           row_topk=read.topk, row_topk_probs=read.topk_probs)
     if hidden is not None:
-        rows = layout.tree_logits[[0] + [node + 1 for node in verdict.path[:kept - 1]]]
-        outcome = replace(outcome, hidden=_last_layer(hidden[int(rows[-1])], layers),
-                          features=hidden[rows] if features else None)
+        outcome = replace(outcome, hidden=_last_layer(hidden[int(_chose(plan, verdict, kept)[-1])], layers))
+    if chose is not None:
+        outcome = replace(outcome, features=hidden[chose[0]], feature_tokens=chose[1])
     proposer.update(outcome, plan.tree, verdict.path)
 
 
 def _keep(plan: _Plan, verdict: Verdict, kept: int) -> list[int]:
-    """6. The step rows whose KV the sequence keeps: the input token's and the accepted path's, as
+    """5. The step rows whose KV the sequence keeps: the input token's and the accepted path's, as
     far as its ``kept`` tokens go (the last one has no KV yet)."""
     path_rows = plan.layout.tree_rows[verdict.path].tolist() if verdict.path else []
     return [0] + path_rows[: kept - 1]
@@ -449,49 +490,6 @@ def _prefill(lm: CausalLM, prompts: list[list[int]], state: DecodeState | None, 
     if hidden:
         return cache, [(logits[0], states) for logits, states in outs]
     return cache, [(logits[0], None) for logits in outs]
-
-
-class ForwardClock:
-    """Times the model's forwards without stalling the host between them: on a GPU each span is a
-    pair of CUDA events recorded around the forward (no synchronize), read when a sequence finishes,
-    once its last forward is done anyway; elsewhere the wall clock (a CPU forward returns when it is
-    done)."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-        self.device = device
-
-    def start(self) -> list:
-        """A span opened now (before a forward is launched)."""
-        if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record(torch.cuda.current_stream(self.device))
-            return [event, None]
-        return [time.perf_counter(), None]
-
-    def stop(self, span: list) -> None:
-        """Close ``span`` (after the forward is launched; on a GPU the event marks when it ran)."""
-        if self.cuda:
-            span[1] = torch.cuda.Event(enable_timing=True)
-            span[1].record(torch.cuda.current_stream(self.device))
-        else:
-            span[1] = time.perf_counter()
-
-    @contextmanager
-    def span(self):
-        """``with clock.span() as span: <forward>``; ``span`` goes to :meth:`seconds`."""
-        span = self.start()
-        yield span
-        self.stop(span)
-
-    def seconds(self, spans) -> float:
-        """The spans' total, in seconds (on a GPU: waits for the last one's end event)."""
-        if not spans:
-            return 0.0
-        if self.cuda:
-            spans[-1][1].synchronize()
-            return sum(start.elapsed_time(end) for start, end in spans) / 1e3
-        return sum(end - start for start, end in spans)
 
 
 def _pool_for(lookahead: LookaheadConfig | None, state: DecodeState | None) -> NGramPool | None:

@@ -75,6 +75,8 @@ class StepOutcome:
     features: torch.Tensor | None = None   # (k, H) last hidden states of the rows at positions
                                            # len(context) - 1 - k .. len(context) - 2, each of which predicted
                                            # the token after it (for sources registered with features=True)
+    feature_tokens: torch.Tensor | None = None   # (k,) those tokens, context[-k:], on the features' device
+                                                 # (None: the source makes them from ``context``)
 
 
 class DraftSource(Protocol):
@@ -94,6 +96,9 @@ class DraftSource(Protocol):
     # Optional, for a source with state of the conversation's text (EagleSource's KV cache): ``name``,
     # ``handover() -> state | None`` at the decode's end and ``resume(state)`` before the next turn's
     # first update; the state travels in ``DecodeState.sources``.
+    # Optional, for a source that drafts on the model's device (EagleSource): ``launch() -> tensor |
+    # None`` queues the step's work, and the decode loop reads every sequence's tensor in one copy
+    # and hands each its part (``land(values)``) before ``propose``.
 
 
 class NGramSource:

@@ -24,7 +24,9 @@ Each step (:class:`EagleSource`):
   calibrated to acceptance), each node seeing the committed cache and its ancestors, and takes each
   one's top ``width`` children; after ``depth`` levels (fewer where a level's price,
   ``LookaheadConfig.draft_cost``, exceeds what it can add) the ``size`` best nodes of the whole tree
-  (a prefix-closed set: a node never scores above its parent) become the drafts. The tree's nodes
+  (a prefix-closed set: a node never scores above its parent) become the drafts. The tree grows
+  on the drafter's device and the host reads it once a step (``launch``: the decode loop reads
+  every sequence's in one copy); per-level stops under ``draft_cost`` are applied as it is read. The tree's nodes
   then compete in the one token tree with every other source's (``Proposer``): each token is tagged
   ``eagle:p<d>``, d the decile of the drafter's probability for it, so the acceptance measured per
   tag and depth recalibrates it. The base verifies the tree like any other draft, so the output is
@@ -56,7 +58,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,7 +67,7 @@ from torch import nn
 from transformers import DynamicCache
 
 from .layout import Draft
-from .model_io import truncate_kv
+from .model_io import ForwardClock, truncate_kv
 from .positions import position_limit
 
 WIDTH = 8                       # nodes expanded per level, and children taken from each (EAGLE-2's top-k)
@@ -349,7 +350,9 @@ class EagleSource:
         self.first = 0                            # the position of the cache's first pair
         self.next = None                          # position of the next pair to feed
         self.root: torch.Tensor | None = None     # (H,) predicted feature of the position after the text
-        self.seconds = 0.0
+        self.clock = ForwardClock(drafter.device)   # times the drafter's work without waiting for it
+        self.spans: list = []
+        self.landed: list[float] | None = None      # the host's copy of the tree launched for this step
         self.resumed = False                      # the cache is an earlier turn's, not yet extended
 
     @classmethod
@@ -367,12 +370,17 @@ class EagleSource:
         if state["drafter"] == id(self.drafter):
             self.cache, self.first, self.next, self.resumed = state["cache"], state["first"], state["next"], True
 
+    @property
+    def seconds(self) -> float:
+        """Seconds in the drafter's work (on a GPU from its events: the first read waits for them)."""
+        return self.clock.seconds(self.spans)
+
     @torch.no_grad()
     def update(self, outcome) -> None:
         features = outcome.features
         if features is None or not len(features):
             return
-        start = time.perf_counter()
+        span = self.clock.start()
         context = outcome.context
         first = len(context) - 1 - len(features)          # the position of the first feature
         if self.resumed and first != self.next:           # the new turn left the earlier text before its end
@@ -383,7 +391,8 @@ class EagleSource:
         elif first != self.next:
             raise ValueError(f"the drafter's text ends at position {self.next}, the step's features start at {first}")
         device = self.drafter.device
-        tokens = torch.tensor(context[first + 1:], device=device)
+        tokens = outcome.feature_tokens if outcome.feature_tokens is not None else \
+            torch.tensor(context[first + 1:], device=device)
         positions = torch.arange(first, first + len(tokens), device=device)
         past = self.cache.get_seq_length()
         mask = torch.ones(len(tokens), past + len(tokens), dtype=torch.bool, device=device)
@@ -391,72 +400,101 @@ class EagleSource:
         out = self.drafter(tokens, self.drafter.from_base(features.to(device)), positions, mask, self.cache)
         self.next = first + len(tokens)
         self.root = out[-1]
-        self._count(start)
+        self._stop(span)
+
+    @torch.no_grad()
+    def launch(self) -> torch.Tensor | None:
+        """Grow the step's tree on the device (queued, not waited for); what the host must read of
+        it, which the decode loop reads with every sequence's in one copy and hands to :meth:`land`
+        (None: no tree this step)."""
+        if self.root is None or not self.size or not self.depth:
+            return None
+        span = self.clock.start()
+        tree = self._grow_on_device()
+        truncate_kv(self.cache, self.next - self.first)   # the tree's entries go: the cache holds the text
+        self._stop(span)
+        return tree
+
+    def land(self, read: list[float]) -> None:
+        """The host's copy of what :meth:`launch` returned, for the next :meth:`propose`."""
+        self.landed = read
 
     @torch.no_grad()
     def propose(self, context: Sequence[int]) -> list[Draft]:
-        if self.root is None or not self.size or not self.depth:
-            return []
-        start = time.perf_counter()
-        nodes = self._grow()
-        truncate_kv(self.cache, self.next - self.first)   # the tree's entries go: the cache holds the text
-        self._count(start)
-        return _drafts(nodes, self.size)
+        if self.landed is None:                             # not launched by the loop: launch and read here
+            tree = self.launch()
+            self.landed = tree.tolist() if tree is not None else None
+        read, self.landed = self.landed, None
+        return _drafts(self._nodes(read), self.size) if read is not None else []
 
-    def _count(self, start: float) -> None:
-        """Add the seconds since ``start`` to ``seconds``, once the drafter's device has done the
-        work queued (a GPU runs it asynchronously; the next tree needs it anyway)."""
-        device = self.drafter.device
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        self.seconds += time.perf_counter() - start
+    def _stop(self, span: list) -> None:
+        """Close ``span``, the drafter's work since it opened (on a GPU: events, not waited for)."""
+        self.clock.stop(span)
+        self.spans.append(span)
 
     def _grow(self) -> list[_Node]:
         """Every node the levels generated (their ``width`` best per level expanded, ``width``
         children each)."""
+        return self._nodes(self._grow_on_device().tolist())
+
+    def _grow_on_device(self) -> torch.Tensor:
+        """The tree grown on the drafter's device, as :meth:`_nodes` reads it (float64, (n,))."""
         drafter, device = self.drafter, self.drafter.device
-        nodes: list[_Node] = []
         log_probs = drafter.log_probs(self.root[None])[0]
         width = min(self.width, log_probs.shape[-1])
         top = torch.topk(log_probs, width)
-        for value, token in zip(top.values.tolist(), drafter.token_ids(top.indices).tolist()):
-            nodes.append(_Node(token, value, -1, 1, math.exp(value)))
-        frontier = list(range(len(nodes)))
-        inputs = {i: self.root for i in frontier}          # a node's input feature: its parent's output
-        slots: dict[int, int] = {}                         # node -> its slot in the drafter's cache
-        committed = self.next - self.first
+        tokens, scores = drafter.token_ids(top.indices), top.values.double()    # of the nodes the next level feeds
+        read = [tokens.double(), scores]              # what the host reads (token ids below 2 ** 53 stay exact)
+        ids = torch.arange(width, device=device)      # their indices in the node list
+        features = self.root.expand(width, -1)        # a node's input feature: its parent's output
+        seen = torch.zeros(width, 0, dtype=torch.bool, device=device)   # the tree slots of a node's ancestors
+        eye = torch.eye(width, dtype=torch.bool, device=device)
+        committed, count = self.next - self.first, width
         for depth in range(2, self.depth + 1):
-            # The next level adds at most the acceptance mass of the frontier (a child never scores
-            # above its parent; one path is accepted): grow it only while that pays for its forward.
-            if self.level_cost and min(1.0, sum(math.exp(nodes[n].score) for n in frontier)) < self.level_cost:
+            # The next level adds at most the acceptance mass of the nodes it feeds (a child never scores
+            # above its parent; one path is accepted): worth its forward only above ``level_cost``. On
+            # the CPU, where a read costs no wait, growth stops there; elsewhere the host drops the levels
+            # past it when it reads the tree (_nodes).
+            if self.level_cost and device.type == "cpu" and _mass(scores.tolist()) < self.level_cost:
                 break
-            past = self.cache.get_seq_length()
-            q = len(frontier)
-            mask = torch.zeros(q, past + q, dtype=torch.bool)       # built on the host, moved once a level
-            mask[:, :committed] = True
-            for row, node in enumerate(frontier):
-                mask[row, past + row] = True
-                parent = nodes[node].parent
-                while parent >= 0:
-                    mask[row, slots[parent]] = True
-                    parent = nodes[parent].parent
-            mask = mask.to(device)
-            tokens = torch.tensor([nodes[n].token for n in frontier], device=device)
-            features = torch.stack([inputs[n] for n in frontier])
-            positions = torch.full((q,), self.next - 1 + depth - 1, device=device)
+            mask = torch.cat([torch.ones(width, committed, dtype=torch.bool, device=device), seen, eye], 1)
+            mask = mask[:, -(self.cache.get_seq_length() + width):]   # what the cache holds (a layer may keep none)
+            positions = torch.full((width,), self.next + depth - 2, device=device)
             out = drafter(tokens, features, positions, mask, self.cache)
-            for row, node in enumerate(frontier):
-                slots[node] = past + row
-            top = torch.topk(drafter.log_probs(out), width)
-            tokens_of = drafter.token_ids(top.indices).tolist()
-            children = []
-            for row, node in enumerate(frontier):
-                for value, token in zip(top.values[row].tolist(), tokens_of[row]):
-                    nodes.append(_Node(token, nodes[node].score + value, node, depth, math.exp(value)))
-                    inputs[len(nodes) - 1] = out[row]
-                    children.append(len(nodes) - 1)
-            frontier = sorted(children, key=lambda n: -nodes[n].score)[:width]
+            top = torch.topk(drafter.log_probs(out), width)           # each fed node's ``width`` children
+            children, values = drafter.token_ids(top.indices).flatten(), top.values.double().flatten()
+            read += [ids.double(), children.double(), values]
+            paths = scores.repeat_interleave(width) + values            # the children's scores
+            best = torch.sort(paths, descending=True, stable=True).indices[:width]
+            ids, tokens, scores = count + best, children[best], paths[best]
+            features, seen = out[best // width], torch.cat([seen, eye], 1)[best // width]
+            count += width * width
+        return torch.cat([torch.full((1,), width, dtype=torch.float64, device=device), *read])
+
+    def _nodes(self, read: list[float]) -> list[_Node]:
+        """The nodes from the host's copy of :meth:`_grow_on_device`: the width, the first level's
+        tokens and log-probabilities, then per level grown the fed nodes' indices and their
+        children's tokens and log-probabilities (row by row); from the first level whose fed
+        nodes' mass is below ``level_cost`` on, none."""
+        width, read = int(read[0]), read[1:]
+        nodes = [_Node(int(token), value, -1, 1, math.exp(value)) for token, value in zip(read[:width], read[width:2 * width])]
+        at, children = 2 * width, width * width
+        while at < len(read):
+            fed = [int(n) for n in read[at:at + width]]
+            if self.level_cost and _mass([nodes[n].score for n in fed]) < self.level_cost:
+                break
+            tokens, values = read[at + width:at + width + children], read[at + width + children:at + width + 2 * children]
+            depth = nodes[fed[0]].depth + 1
+            for k, (token, value) in enumerate(zip(tokens, values)):
+                parent = fed[k // width]
+                nodes.append(_Node(int(token), nodes[parent].score + value, parent, depth, math.exp(value)))
+            at += width + 2 * children
         return nodes
+
+
+def _mass(scores: list[float]) -> float:
+    """The acceptance mass of nodes of log-scores ``scores`` (at most one of them is accepted)."""
+    return min(1.0, sum(math.exp(s) for s in scores))
 
 
 def _drafts(nodes: list[_Node], size: int) -> list[Draft]:

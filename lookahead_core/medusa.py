@@ -99,9 +99,9 @@ class MedusaHeads(nn.Module):
     @torch.inference_mode()
     def top_tokens(self, hidden: torch.Tensor, k: int, heads: int | None = None) -> list[list[int]]:
         """(H,) one hidden state -> per head (the first ``heads``, default all) its ``k`` most likely
-        tokens, best first."""
+        tokens, best first: every head's read in one copy."""
         hidden = hidden.to(device=self.device, dtype=self.dtype)
-        return [self.head_logits(h, hidden).topk(k).indices.tolist() for h in range(heads or self.num_heads)]
+        return torch.stack([self.head_logits(h, hidden) for h in range(heads or self.num_heads)]).topk(k).indices.tolist()
 
     @property
     def device(self) -> torch.device:

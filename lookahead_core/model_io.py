@@ -8,7 +8,9 @@ from the config: which attention types the layers use (``config.layer_types``, o
 from __future__ import annotations
 
 import inspect
+import time
 import weakref
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -98,9 +100,11 @@ class CausalLM:
     def new_cache() -> DynamicCache:
         return DynamicCache()
 
-    def commit(self, cache: DynamicCache, past: int, keep_rows: list[list[int]], valid: list[int] | None = None) -> None:
-        """After a step: keep the rows each sequence accepted (:func:`commit_kv`)."""
-        commit_kv(cache, past, keep_rows, valid)
+    def commit(self, cache: DynamicCache, past: int, keep_rows: list[list[int]], valid: list[int] | None = None,
+               also: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        """After a step: keep the rows each sequence accepted (:func:`commit_kv`); ``also``: host
+        tensors that travel to the model's device in the same copy as the moved rows' indices."""
+        return commit_kv(cache, past, keep_rows, valid, also, self.device)
 
     def forward(
         self,
@@ -201,6 +205,53 @@ class CausalLM:
         return [(lg, states[b, on[f"rows{b}"].to(states.device)]) for b, lg in enumerate(per_feed)]
 
 
+class ForwardClock:
+    """Times forwards (the model's, a drafter's) without stalling the host between them: on a GPU
+    each span is a pair of CUDA events recorded around the work (no synchronize), read at the end,
+    waiting once for the last one recorded; elsewhere the wall clock (CPU work is done when its
+    call returns)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.device = device
+        self.last = None                # the end event recorded last, until it has been waited for
+
+    def start(self) -> list:
+        """A span opened now (before the work is launched)."""
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record(torch.cuda.current_stream(self.device))
+            return [event, None]
+        return [time.perf_counter(), None]
+
+    def stop(self, span: list) -> None:
+        """Close ``span`` (after the work is launched; on a GPU the event marks when it ran)."""
+        if self.cuda:
+            span[1] = self.last = torch.cuda.Event(enable_timing=True)
+            span[1].record(torch.cuda.current_stream(self.device))
+        else:
+            span[1] = time.perf_counter()
+
+    @contextmanager
+    def span(self):
+        """``with clock.span() as span: <work>``; ``span`` goes to :meth:`seconds`."""
+        span = self.start()
+        yield span
+        self.stop(span)
+
+    def seconds(self, spans) -> float:
+        """The spans' total, in seconds (on a GPU: first waits for the last span this clock closed,
+        once: the events on one stream complete in order)."""
+        if not spans:
+            return 0.0
+        if self.cuda:
+            if self.last is not None:
+                self.last.synchronize()
+                self.last = None
+            return sum(start.elapsed_time(end) for start, end in spans) / 1e3
+        return sum(end - start for start, end in spans)
+
+
 def to_device(tensors: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
     """Integer and bool host tensors on ``device`` in one copy (one host-to-device transfer, not one
     per tensor); each keeps its shape and dtype."""
@@ -224,8 +275,10 @@ class Feed:
     hidden_rows: torch.Tensor | None = None   # rows whose hidden states are returned (default: logit_rows)
 
 
-def commit_kv(cache: DynamicCache, past: int, keep_rows: list[list[int]], valid: list[int] | None = None) -> None:
-    """Keep the rows each sequence accepted in the last step and drop the rest.
+def commit_kv(cache: DynamicCache, past: int, keep_rows: list[list[int]], valid: list[int] | None = None,
+              also: dict[str, torch.Tensor] | None = None, device: torch.device | None = None) -> dict[str, torch.Tensor]:
+    """Keep the rows each sequence accepted in the last step and drop the rest; return ``also``
+    (integer host tensors) on ``device``, moved in the same copy as the moved rows' indices.
 
     ``past`` is the cache length before the step (its rows start there); ``keep_rows[b]`` lists
     sequence b's kept rows relative to ``past``, sorted; ``valid[b]`` is its committed KV length
@@ -237,7 +290,9 @@ def commit_kv(cache: DynamicCache, past: int, keep_rows: list[list[int]], valid:
     moves = [(b, start + i, past + r) for b, (start, rows) in enumerate(zip(valid, keep_rows))
              for i, r in enumerate(rows) if start + i != past + r]
     new_len = max(start + len(rows) for start, rows in zip(valid, keep_rows))
-    index = _on_devices(cache, torch.tensor(moves).T) if moves else {}    # one copy per device, not per layer
+    host = dict(also or {}) | ({"moves": torch.tensor(moves).T} if moves else {})
+    on = to_device(host, device or cache.layers[0].keys.device) if host else {}
+    index = _on_devices(cache, on["moves"]) if moves else {}    # one copy, not one per layer
     for layer in cache.layers:
         if moves:
             row, dst, src = index[layer.keys.device]
@@ -245,11 +300,12 @@ def commit_kv(cache: DynamicCache, past: int, keep_rows: list[list[int]], valid:
             layer.values[row, :, dst] = layer.values[row, :, src]
         layer.keys = layer.keys[..., :new_len, :]
         layer.values = layer.values[..., :new_len, :]
+    return {name: on[name] for name in also or {}}
 
 
 def _on_devices(cache: DynamicCache, index: torch.Tensor) -> dict[torch.device, torch.Tensor]:
     """``index`` on every device the cache's layers live on (one device, unless a ``device_map``
-    spreads the model)."""
+    spreads the model; a device index moves between devices without the host)."""
     return {device: index.to(device) for device in dict.fromkeys(layer.keys.device for layer in cache.layers)}
 
 
@@ -260,9 +316,10 @@ def truncate_kv(cache: DynamicCache, length: int) -> None:
         layer.values = layer.values[..., :length, :]
 
 
-def select_sequences(cache: DynamicCache, rows: list[int], length: int) -> None:
-    """Keep only the cache rows ``rows`` (in that order), cut to ``length`` slots."""
-    index = _on_devices(cache, torch.tensor(rows))
+def select_sequences(cache: DynamicCache, rows: list[int] | torch.Tensor, length: int) -> None:
+    """Keep only the cache rows ``rows`` (in that order; a list, or already a tensor on the device),
+    cut to ``length`` slots."""
+    index = _on_devices(cache, rows if isinstance(rows, torch.Tensor) else torch.tensor(rows))
     for layer in cache.layers:
         layer.keys = layer.keys[index[layer.keys.device], :, :length]
         layer.values = layer.values[index[layer.values.device], :, :length]

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from .model_io import CausalLM, Feed, commit_kv
+from .model_io import CausalLM, Feed, commit_kv, to_device
 
 
 class ParallelError(RuntimeError):
@@ -201,7 +201,8 @@ class ShardedLM(CausalLM):
 
     # -- the commit ---------------------------------------------------------------------------
 
-    def commit(self, cache, past: int, keep_rows: list[list[int]], valid: list[int] | None = None) -> None:
+    def commit(self, cache, past: int, keep_rows: list[list[int]], valid: list[int] | None = None,
+               also: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
         """Keep each sequence's accepted rows (rows of the last forward's feeds, relative to
         ``past``) on every rank: rows this rank fed move down as in :func:`commit_kv`; a row some
         rank did not feed is sent by the lowest rank that did (one all-gather for the step)."""
@@ -209,8 +210,7 @@ class ShardedLM(CausalLM):
         if last_past != past:
             raise ValueError(f"commit after a forward at {last_past}, not {past}")
         if all(not plan.fed for plan in plans):
-            commit_kv(cache, past, keep_rows, valid)
-            return
+            return commit_kv(cache, past, keep_rows, valid, also, self.device)
         valid = valid if valid is not None else [past] * len(keep_rows)
         moves: list[tuple[int, int, int]] = []             # (sequence, destination slot, local slot)
         copies: list[tuple[int, int, int, int]] = []       # (sequence, destination, source rank, its slot)
@@ -243,6 +243,7 @@ class ShardedLM(CausalLM):
             if fresh:
                 keys[into, :, slot], values[into, :, slot] = received[n]
             layer.keys, layer.values = keys[..., :new_len, :], values[..., :new_len, :]
+        return to_device(also, self.device) if also else {}
 
     def _exchange_kv(self, cache, copies: list[tuple[int, int, int, int]], wanted: list[int]):
         """Per layer, ``(keys, values)`` ((n, H, D) each) of the ``wanted`` entries of ``copies``, each

@@ -9,7 +9,7 @@ from scipy.stats import chi2
 import lookahead_core.decoder as decoder_module
 from lookahead_core import DecodeLimits, LookaheadConfig, SamplingConfig, decode
 from experiments.models.loader import tiny_random_model
-from lookahead_core.verify import make_warper, sampling_pick, sampling_probs, walk_tree
+from lookahead_core.verify import make_verifier, make_warper, sampling_probs, walk_tree
 
 VOCAB, DEPTH, DRAWS = 5, 3, 2000
 PROMPT = [0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 2, 3]          # every token, repeated: the prompt pool has candidates
@@ -96,18 +96,17 @@ def test_tree_sampling_matches_the_model_distribution(model, sampling, lookahead
 
 def always_accept_verifier(sampling_cfg, generator=None):
     """Accepts the first child at every node, whatever p says; samples only the bonus token."""
-    generator = generator if generator is not None else torch.Generator().manual_seed(sampling_cfg.seed)
-    warper = make_warper(sampling_cfg)
+    honest = make_verifier(sampling_cfg, generator)
 
-    def verify(tree, logits, rows=None, argmax=None):
-        honest = sampling_pick(logits, warper, generator, rows)
+    class AlwaysAccept:
+        choose = staticmethod(honest.choose)
 
-        def pick(row, options):
-            return (options[0], True) if options else honest(row, options)
+        def __call__(self, tree, logits, rows=None, chosen=None):
+            chosen = chosen if chosen is not None else honest.choose(logits).tolist()
+            drawn = chosen if rows is None else [chosen[r] for r in rows]
+            return walk_tree(tree, lambda row, options: (options[0], True) if options else (drawn[row], False))
 
-        return walk_tree(tree, pick)
-
-    return verify
+    return AlwaysAccept()
 
 
 @pytest.mark.parametrize("lookahead", [LOOKAHEAD, TREE], ids=["linear", "tree"])

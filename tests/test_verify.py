@@ -4,7 +4,7 @@ import torch
 
 from lookahead_core.config import SamplingConfig
 from lookahead_core.layout import EMPTY_TREE, Draft, build_tree
-from lookahead_core.verify import make_warper, sampling_pick, verify_greedy, walk_tree
+from lookahead_core.verify import make_verifier, verify_greedy, walk_tree
 
 V = 10
 
@@ -38,18 +38,20 @@ def test_unmerged_duplicates_keep_the_longest_candidate():
     assert verdict.tokens == [1, 2, 3, 6] and verdict.path == [3, 4, 5]
 
 
-def test_sampling_pick_keeps_the_distribution_of_each_choice():
-    """Point-mass drafts {0, 1} under p: the chosen token is distributed as p (20k draws)."""
+def test_sampling_keeps_the_distribution_of_each_choice():
+    """Point-mass drafts {0, 1} under p: the token taken is distributed as p and accepted when it is
+    a draft (20k draws, each row drawn once: the walk reads the draws)."""
     p = torch.tensor([0.5, 0.2, 0.2, 0.1])
-    logits = torch.log(p)[None]
-    gen = torch.Generator().manual_seed(0)
-    pick = sampling_pick(logits, make_warper(SamplingConfig(temperature=1.0)), gen)
+    verify = make_verifier(SamplingConfig(temperature=1.0, seed=0))
+    tree = build_tree([Draft((1,), ("a",)), Draft((0,), ("b",))])
+    logits = torch.log(p)[None].expand(20000, 4)
     counts = torch.zeros(4)
     accepted = 0
-    for _ in range(20000):
-        token, ok = pick(0, [1, 0])
-        counts[token] += 1
-        accepted += ok
+    for chosen in verify.choose(logits).tolist():
+        verdict = verify(tree, logits[:1], chosen=[chosen, 9, 9])
+        counts[verdict.tokens[0]] += 1
+        accepted += verdict.matched
+        assert verdict.matched == (chosen in (0, 1)) and verdict.tokens[0] == chosen
     assert torch.allclose(counts / counts.sum(), p, atol=0.012)
     assert abs(accepted / 20000 - 0.7) < 0.015          # p(1) + p(0)
 
