@@ -202,7 +202,7 @@ def device_label(device: torch.device) -> str:
     """The device with what decides its compiled kernels: the CPU's vector capability, the GPU's name."""
     if device.type == "cpu":
         return f"cpu, {torch.backends.cpu.get_cpu_capability()}, torch {torch.__version__}"
-    if device.type == "cuda":
+    if device.type == "cuda" and torch.cuda.is_available():
         return f"{device}, {torch.cuda.get_device_name(device)}, torch {torch.__version__}"
     return f"{device}, torch {torch.__version__}"
 
@@ -212,7 +212,7 @@ def attention_verdict(model: torch.nn.Module | CausalLM) -> AttentionVerdict:
     Backends that compile nothing for the device (eager, SDPA) pass unchecked."""
     lm = _own(model)
     if lm.attention not in COMPILED_ATTENTION:
-        return AttentionVerdict(lm.attention, device_label(lm.device))
+        return AttentionVerdict(lm.attention, str(lm.device))
     return _cached(lm, "attention", check_attention, compiling())
 
 

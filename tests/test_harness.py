@@ -107,7 +107,8 @@ def test_a_flex_attention_job_compiles_in_its_warm_up_and_matches_greedy(tmp_pat
         path = run(tmp_path, *overrides)
     except UnsupportedAttentionError as refused:
         assert str(refused).startswith("attention 'flex_attention' computes wrong logits on this device (cpu, ")
-        assert "TORCHDYNAMO_DISABLE=1" in str(refused) and not list(tmp_path.rglob("*.csv*"))
+        assert "TORCHDYNAMO_DISABLE=1" in str(refused)
+        assert all(len(path.read_text().splitlines()) <= 1 for path in tmp_path.rglob("*.csv")), "an item ran"
         print(f"refused on this host ({refused}); the job runs flex uncompiled")
         with uncompiled():
             path = run(tmp_path, *overrides)
