@@ -70,9 +70,8 @@ class CausalLM:
         self.windows = _attention_windows(config)
         self.vocab_size = vocab_size(model)
         self.position_limit = position_limit(config)
-        params = inspect.signature(model.forward).parameters
-        self._cache_kw = "cache" if "cache" in params else "past_key_values"
-        self._keeps_logits = "logits_to_keep" in params
+        self._cache_kw = cache_keyword(model)
+        self._keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
         self.flex = None
         if attn == "flex_attention":
             try:
@@ -187,6 +186,22 @@ class CausalLM:
         layers = self.feature_layers
         states = out.hidden_states[-1] if len(layers) == 1 else torch.cat([out.hidden_states[i] for i in layers], -1)
         return [(lg, states[b, on[f"rows{b}"]]) for b, lg in enumerate(per_feed)]
+
+
+def cache_keyword(module: torch.nn.Module) -> str:
+    """The keyword under which ``module``'s forward (a model, a decoder layer, an attention) takes the
+    KV cache, read from its signature: ``cache`` in newer transformers, ``past_key_values`` before,
+    ``layer_past`` in some layers (GPT-NeoX's). A module's ``**kwargs`` swallows any other name without
+    a word, and the cache goes unread (tests/test_module_keywords.py)."""
+    params = inspect.signature(module.forward).parameters
+    found = [name for name in _CACHE_KEYWORDS if name in params]
+    if not found:
+        raise ValueError(f"{type(module).__name__}.forward takes no KV cache (none of "
+                         f"{', '.join(f'`{n}`' for n in _CACHE_KEYWORDS)}): not a module of a causal LM served here")
+    return found[0]
+
+
+_CACHE_KEYWORDS = ("cache", "past_key_values", "layer_past")
 
 
 def to_device(tensors: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
