@@ -13,8 +13,35 @@ computes wrong logits on this device is refused for every decoder (``Unsupported
 departure from greedy caused by a near-tie in fp16/bf16 numerics from a real mismatch.
 """
 
-from importlib import import_module
+import re
+from importlib import import_module, metadata
 from typing import TYPE_CHECKING
+
+TRANSFORMERS = "transformers>=5.17,<6"
+"""The transformers releases served: those CI tests, the lower bound in an environment of its own
+(``make test-lower``). pyproject.toml requires the same (tests/test_versions.py)."""
+
+
+def _require_transformers() -> None:
+    """Refuse, in one line, a transformers outside :data:`TRANSFORMERS` (read from its metadata:
+    importing it here would import torch). A release outside passes its keywords under other names,
+    and a module's ``**kwargs`` swallows them without a word (tests/test_module_keywords.py)."""
+    low, high = (_release(v) for v in re.fullmatch(r"transformers>=([\d.]+),<([\d.]+)", TRANSFORMERS).groups())
+    try:
+        installed = metadata.version("transformers")
+    except metadata.PackageNotFoundError:
+        installed = "none"
+    if installed == "none" or not low <= _release(installed) < high:
+        raise ImportError(f"lookahead_core needs {TRANSFORMERS}, and transformers {installed} is installed: "
+                          f"pip install '{TRANSFORMERS}'")
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """The release numbers of a version (``5.17.0rc1`` -> ``(5, 17, 0)``)."""
+    return tuple(int(part) for part in re.match(r"\d+(?:\.\d+)*", version).group().split("."))
+
+
+_require_transformers()
 
 # Exports load on first use: ``from lookahead_core.config import LookaheadConfig`` (or
 # ``lookahead_core.LookaheadConfig``) validates a config without importing torch, so a harness can

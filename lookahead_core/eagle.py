@@ -67,7 +67,7 @@ from torch import nn
 from transformers import DynamicCache
 
 from .layout import Draft
-from .model_io import ForwardClock, truncate_kv
+from .model_io import ForwardClock, cache_keyword, truncate_kv
 from .positions import position_limit
 
 WIDTH = 8                       # nodes expanded per level, and children taken from each (EAGLE-2's top-k)
@@ -117,6 +117,7 @@ class EagleDrafter(_OnBase):
         self.fc = nn.Linear(2 * hidden, hidden, bias=bias)
         self.layer = type(decoder.layers[0])(config, layer_idx=0)
         self.layer.input_layernorm = nn.Identity()
+        self._cache_kw = cache_keyword(self.layer)
         self.rotary = type(decoder.rotary_emb)(config=config)
         # A reduced draft vocabulary (the most frequent tokens of the training text) cuts the LM
         # head's rows, the main cost of a draft step on a small base with a large vocabulary.
@@ -138,8 +139,8 @@ class EagleDrafter(_OnBase):
         (..., q, H) at ``positions`` (..., q), after what ``cache`` holds; ``mask`` (..., q, cache
         length + q) bool: what each row sees."""
         inputs = self.fc(torch.cat([self.embed(tokens), hidden.to(self.fc.weight.dtype)], dim=-1))
-        return _run(inputs, positions, mask, cache, self.rotary,
-                    lambda x, **kw: self.layer(x, use_cache=cache is not None, **kw))
+        cached = {self._cache_kw: cache}
+        return _run(inputs, positions, mask, self.rotary, lambda x, **kw: self.layer(x, **cached, **kw))
 
     def forward_train(self, tokens: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
         """Whole sequences at once, no cache (training): ``tokens`` (B, T) read with ``features``
@@ -189,6 +190,7 @@ class Eagle3Drafter(_OnBase):
         self.fc = nn.Linear(len(layer_ids) * hidden, hidden, bias=False)
         self.midlayer = LlamaDecoderLayer(config, layer_idx=0)
         attention = self.midlayer.self_attn
+        self._cache_kw = cache_keyword(attention)
         for name in ("q_proj", "k_proj", "v_proj"):         # the attention reads embedding and feature: 2H
             setattr(attention, name, nn.Linear(2 * hidden, getattr(attention, name).out_features,
                                                bias=bool(getattr(config, "attention_bias", False))))
@@ -214,13 +216,13 @@ class Eagle3Drafter(_OnBase):
         normed = layer.hidden_norm(hidden.to(self.fc.weight.dtype))
         residual = normed if self.norm_before_residual else hidden.to(normed.dtype)
 
-        def body(x, *, attention_mask, position_ids, cache, position_embeddings):
+        def body(x, *, attention_mask, position_ids, position_embeddings):
             attended, _ = layer.self_attn(hidden_states=x, position_embeddings=position_embeddings,
-                                          attention_mask=attention_mask, cache=cache)
+                                          attention_mask=attention_mask, **{self._cache_kw: cache})
             out = residual + attended
             return out + layer.mlp(layer.post_attention_layernorm(out))
 
-        return _run(torch.cat([embedded, normed], dim=-1), positions, mask, cache, self.rotary, body)
+        return _run(torch.cat([embedded, normed], dim=-1), positions, mask, self.rotary, body)
 
     def log_probs(self, hidden: torch.Tensor) -> torch.Tensor:
         """(q, V') log-probabilities over the draft vocabulary of the layer's outputs (q, H)."""
@@ -282,15 +284,16 @@ def causal(steps: int, device) -> tuple[torch.Tensor, torch.Tensor]:
             torch.ones(steps, steps, dtype=torch.bool, device=device).tril()[None])
 
 
-def _run(inputs: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache, rotary, body) -> torch.Tensor:
-    """``body`` (a decoder layer's step) over ``inputs`` (q, D) or (B, q, D) with the boolean
-    ``mask`` made additive and the rotary embedding of ``positions``; unbatched in, unbatched out."""
+def _run(inputs: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, rotary, body) -> torch.Tensor:
+    """``body`` (a decoder layer's step, which passes the drafter's cache under the name its module
+    reads: :func:`cache_keyword`) over ``inputs`` (q, D) or (B, q, D) with the boolean ``mask`` made
+    additive and the rotary embedding of ``positions``; unbatched in, unbatched out."""
     single = inputs.ndim == 2
     if single:
         inputs, positions, mask = inputs[None], positions[None], mask[None]
     additive = torch.zeros(mask.shape, dtype=inputs.dtype, device=inputs.device)
     additive.masked_fill_(~mask, torch.finfo(inputs.dtype).min)
-    out = body(inputs, attention_mask=additive[:, None], position_ids=positions, cache=cache,
+    out = body(inputs, attention_mask=additive[:, None], position_ids=positions,
                position_embeddings=rotary(inputs, positions))
     out = out[0] if isinstance(out, tuple) else out
     return out[0] if single else out

@@ -72,9 +72,8 @@ class CausalLM:
         self.windows = _attention_windows(config)
         self.vocab_size = vocab_size(model)
         self.position_limit = position_limit(config)
-        params = inspect.signature(model.forward).parameters
-        self._cache_kw = "cache" if "cache" in params else "past_key_values"
-        self._keeps_logits = "logits_to_keep" in params
+        self._cache_kw = cache_keyword(model)
+        self._keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
         # Spread over devices by a device_map, the last hidden states (which logits_to_keep indexes)
         # are on the last device, and accelerate's hooks move every tensor argument of the model to
         # the first: logits_to_keep is then an int (the rows from the first one needed on).
@@ -250,6 +249,22 @@ class ForwardClock:
                 self.last = None
             return sum(start.elapsed_time(end) for start, end in spans) / 1e3
         return sum(end - start for start, end in spans)
+
+
+def cache_keyword(module: torch.nn.Module) -> str:
+    """The keyword under which ``module``'s forward (a model, a decoder layer, an attention) takes the
+    KV cache, read from its signature: ``cache`` in newer transformers, ``past_key_values`` before,
+    ``layer_past`` in some layers (GPT-NeoX's). A module's ``**kwargs`` swallows any other name without
+    a word, and the cache goes unread (tests/test_module_keywords.py)."""
+    params = inspect.signature(module.forward).parameters
+    found = [name for name in _CACHE_KEYWORDS if name in params]
+    if not found:
+        raise ValueError(f"{type(module).__name__}.forward takes no KV cache (none of "
+                         f"{', '.join(f'`{n}`' for n in _CACHE_KEYWORDS)}): not a module of a causal LM served here")
+    return found[0]
+
+
+_CACHE_KEYWORDS = ("cache", "past_key_values", "layer_past")
 
 
 def to_device(tensors: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
