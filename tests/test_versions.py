@@ -24,7 +24,8 @@ def test_pyproject_requires_the_range_the_core_serves():
     assert [d for d in dependencies if d.startswith("transformers")] == [lookahead_core.TRANSFORMERS]
 
 
-def test_the_lower_bound_environment_installs_the_lower_bound():
+def test_ci_tests_the_lower_bound_environment_and_it_installs_the_lower_bound():
+    assert "make test-lower" in (ROOT / ".ci" / "run").read_text().splitlines()
     lower = re.search(r">=([\d.]+)", lookahead_core.TRANSFORMERS).group(1)
     done = subprocess.run(["make", "-s", "--no-print-directory", "print-lower"], cwd=ROOT, capture_output=True,
                           text=True)
