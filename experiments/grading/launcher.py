@@ -247,6 +247,31 @@ def _undumpable() -> None:
         pass
 
 
+def _seal_imports(work: str) -> None:
+    """No module of the grader's comes from ``work``, the directory the program writes to: the
+    path finder looks only at entries outside it, in ``sys.path`` and in packages' ``__path__``,
+    whatever is added later (test discovery puts its start directory first). Only the path finder
+    reads files; the other finders serve builtin and frozen modules."""
+    import importlib.machinery
+
+    root = os.path.realpath(work)
+
+    def outside(entries: Any) -> list[Any]:
+        kept = []
+        for entry in entries:
+            real = os.path.realpath(os.fsdecode(entry) or ".") if isinstance(entry, str | bytes) else root
+            if real != root and not real.startswith(root + "/"):
+                kept.append(entry)
+        return kept
+
+    class SealedPathFinder(importlib.machinery.PathFinder):
+        @classmethod
+        def find_spec(cls, name: str, path: Any = None, target: Any = None) -> Any:
+            return super().find_spec(name, outside(sys.path if path is None else path), target)
+
+    sys.meta_path[:] = [SealedPathFinder if f is importlib.machinery.PathFinder else f for f in sys.meta_path]
+
+
 def _program_gone(process: Any, mode: str, why: str) -> tuple[str, str, dict[str, Any]]:
     """The verdict when the program's process stopped answering, from how it ended."""
     try:
@@ -269,6 +294,7 @@ def _grade(mode: str, program_dir: str, job_path: str, nonce_fd: str, result_fd:
     out = int(result_fd)
     _undumpable()
     job = _start(job_path)
+    _seal_imports(os.getcwd())
     channel = _load("channel")
     remote = channel.Remote(channel.Pipes(reply_r, request_w, time.monotonic() + job["timeout_s"] + 5))
     status, reason, details = "failed", "", {}
