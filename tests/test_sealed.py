@@ -226,3 +226,79 @@ def test_a_lent_generator_shows_its_behaviour_not_its_frame(host: Canaries) -> N
     assert not stolen.passed and "frame is not data" in stolen.reason, (stolen.reason, stolen.stderr[-500:])
     assert not coded.passed and "code is not data" in coded.reason, (coded.reason, coded.stderr[-500:])
     assert fair.passed, (fair.reason, fair.stderr[-500:])
+
+
+# -- what each process sees ------------------------------------------------------------------------------------
+
+# Lists every path it can reach (not following links; /proc and /dev are the kernel's), notes those
+# outside the ALLOWED prefixes, and reads every readable file whole (gzip opened), looking for MARKERS:
+# given base64-coded, so that its own job file, which the sandbox shows it, does not hold them in clear.
+SCAN = """\
+import base64, gzip, json, os
+markers = [base64.b64decode(m) for m in MARKERS]
+hits, files, outside, unreadable = {}, 0, [], 0
+for top, dirs, names in os.walk("/"):
+    if top in ("/proc", "/dev"):
+        dirs[:] = []
+        continue
+    for name in names:
+        path = os.path.join(top, name)
+        if os.path.islink(path) or not os.path.isfile(path):
+            continue
+        files += 1
+        if not path.startswith(ALLOWED):
+            outside.append(path)
+        try:
+            with open(path, "rb") as handle:
+                data = handle.read()
+            if path.endswith(".gz"):
+                data += gzip.decompress(data)
+        except (OSError, EOFError, ValueError, MemoryError):
+            unreadable += 1
+            continue
+        for number, marker in enumerate(markers):
+            if marker in data:
+                hits.setdefault(number, []).append(path)
+print("SCAN " + json.dumps({"hits": hits, "files": files, "outside": outside[:20], "unreadable": unreadable,
+                          "run": {d: sorted(os.listdir("/run/" + d)) for d in sorted(os.listdir("/run"))}}))
+"""
+
+
+def _markers() -> list[str]:
+    """What must not be found: a line of each benchmark's canonical solution (the longest of its first
+    item's), and a line of the project's own source outside the two modules that run in the sandbox."""
+    import base64
+
+    lines = [max((line.strip() for line in get_dataset(name).load(DATA_ROOT)[0].reference.splitlines()), key=len)
+             for name in ("humaneval", "mbpp", "classeval")]
+    for path in ("experiments/grading/sandbox.py", "experiments/grading/grade.py", "experiments/data/datasets.py",
+                 "lookahead_core/decoder.py", "tests/conftest.py"):
+        lines.append((repo_root() / path).read_text().splitlines()[0].strip('"'))   # its docstring's first line
+    return [base64.b64encode(line.encode()).decode() for line in lines]
+
+
+def _scanned(result) -> dict:
+    line = next((line for line in result.stdout.splitlines() if line.startswith("SCAN ")), None)
+    assert line is not None, (result.status, result.reason, result.stderr[-1000:])
+    return json.loads(line[len("SCAN "):])
+
+
+@needs_bwrap
+def test_each_process_sees_only_what_it_needs(host: Canaries) -> None:
+    """The program's process (a HumanEval completion) and the grader's view (a plain script runs in
+    the same outer sandbox) list and read every file they can: every one lies under the paths
+    docs/sandbox.md names, and none holds benchmark data or the project's source."""
+    scan = SCAN.replace("MARKERS", repr(_markers()))
+    allowed = tuple(p.rstrip("/") + "/" for p in (*sandbox.shown_paths(), "/tmp", "/run/program", "/run/grader"))
+    scan = scan.replace("ALLOWED", repr(allowed))
+    program = "    " + scan.replace("\n", "\n    ") + "\n    return None\n"
+    limits = Limits(timeout_s=300, memory_mb=2048, disk_mb=16)
+    as_program, as_grader = run_jobs([functools.partial(check_humaneval, HE_MODULE, program, limits=limits),
+                                      functools.partial(run_code, scan, limits=limits)], workers=2)
+    for role, result in (("program", as_program), ("grader", as_grader)):
+        found = _scanned(result)
+        assert found["outside"] == [] and found["files"] > 1000, (role, found)
+        assert found["hits"] == {}, (role, found["hits"])
+    # the program's process sees its own launcher's folder, the grader's hidden (empty)
+    assert _scanned(as_program)["run"] == {"grader": [], "program": ["channel.pyc", "job.json", "launcher.pyc"]}
+    assert _scanned(as_grader)["run"] == {"grader": ["channel.pyc", "job.json", "launcher.pyc"]}
