@@ -77,7 +77,8 @@ MODULE_ATTACKS = {     # name: (check, item, raw model text)
     "humaneval, a global": (check_humaneval, HE_MODULE, f"    return a + b\n{PLANT}\nadd = {DISCOVERY}\n"),
     "humaneval, a module with an import side effect": (check_humaneval, HE_MODULE,
                                                        "    return __import__('types').ModuleType('this')\n"),
-    "mbpp, a call's result": (check_mbpp, MBPP_MODULE, _fenced(f"def add(a, b):\n    {PLANT}\n    return {DISCOVERY}\n")),
+    "mbpp, a call's result": (check_mbpp, MBPP_MODULE,
+                              _fenced(f"def add(a, b):\n    {PLANT}\n    return {DISCOVERY}\n")),
     "classeval, a method's result": (check_classeval, CE_MODULE,
                                      _fenced(f"class Adder:\n    def add(self, a, b):\n        {PLANT}\n"
                                              f"        return {DISCOVERY}\n")),
@@ -257,8 +258,8 @@ for top, dirs, names in os.walk("/"):
             unreadable += 1
             continue
         for number, marker in enumerate(markers):
-            if marker in data:
-                hits.setdefault(number, []).append(path)
+            if marker in data and len(hits.setdefault(number, [])) < 3:
+                hits[number].append(path)
 print("SCAN " + json.dumps({"hits": hits, "files": files, "outside": outside[:20], "unreadable": unreadable,
                           "run": {d: sorted(os.listdir("/run/" + d)) for d in sorted(os.listdir("/run"))}}))
 """

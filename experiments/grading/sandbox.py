@@ -9,8 +9,9 @@ Two layers, documented in the README's *Sandbox* section:
    (:func:`shown_paths`: the system's programs and libraries, the interpreter and its package
    directories, less the answer keys packages ship, :func:`masked_paths`): no data root, no
    repository, no home. The only writable place is the work directory :data:`WORK_DIR`, a tmpfs of
-   ``disk_mb`` (so the total bytes written are bounded, not only each file), plus a 1 MiB ``/dev/shm``. Rlimits (CPU, address space, file size, processes)
-   are set before the uid drop and cannot be raised without capabilities. :func:`bwrap_argv`
+   ``disk_mb`` (so the total bytes written are bounded, not only each file), plus a 1 MiB
+   ``/dev/shm``. Rlimits (CPU, address space, file size, processes) are set before the uid drop
+   and cannot be raised without capabilities. :func:`bwrap_argv`
    builds that command line (a pure function); :func:`run_job` is the one place that runs it.
    ``sandbox="process"`` is the named weaker mode for machines without bubblewrap or namespaces:
    the same rlimits and launcher, no namespaces, the harness's own uid.
@@ -179,8 +180,9 @@ def bwrap_argv(command: Sequence[str], limits: Limits, *, as_root: bool, shown: 
     :func:`prlimit_argv` in front, so the limits hold from bwrap on).
 
     The root is an empty tmpfs. ``shown``: host paths shown at the same place, read-only (a
-    symbolic link as the same link); ``masked``: directories among them covered by an empty tmpfs. ``binds``: ``{inside path: host path}``
-    read-only binds, set up after the work tmpfs (the job, the launcher, the program's files).
+    symbolic link as the same link); ``masked``: directories among them covered by an empty tmpfs.
+    ``binds``: ``{inside path: host path}`` read-only binds, set up after the work tmpfs (the job,
+    the launcher, the program's files).
     ``seccomp_fd``: a descriptor holding :func:`seccomp_filter`'s program.
     As root, bwrap keeps only CAP_SETUID/CAP_SETGID and ``setpriv`` drops to nobody and clears
     every capability before Python starts; as a user, a user namespace maps nobody to that user.
@@ -189,8 +191,9 @@ def bwrap_argv(command: Sequence[str], limits: Limits, *, as_root: bool, shown: 
             "--die-with-parent", "--new-session", "--clearenv"]  # fmt: skip
     for name, value in sandbox_env(WORK_DIR).items():
         argv += ["--setenv", name, value]
-    for ancestor in sorted({str(a) for path in (*shown, *(binds or {})) for a in Path(path).parents} - {"/", WORK_DIR}):
-        argv += ["--perms", "0755", "--dir", ancestor]      # open to nobody (the host's /root is 0700)
+    parents = {str(parent) for path in (*shown, *(binds or {})) for parent in Path(path).parents}
+    for parent in sorted(parents - {"/", WORK_DIR}):
+        argv += ["--perms", "0755", "--dir", parent]      # open to nobody (the host's /root is 0700)
     for path in shown:
         argv += ["--symlink", os.readlink(path), path] if os.path.islink(path) else ["--ro-bind", path, path]
     for directory in masked:
@@ -230,11 +233,13 @@ def shown_paths() -> tuple[str, ...]:
 @functools.cache
 def masked_paths() -> tuple[str, ...]:
     """Directories in the shown ones that the sandbox covers with an empty tmpfs: the benchmark data
-    packages ship (:data:`ANSWER_KEYS`), and this project's source where it is installed as a package."""
-    project = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))        # the ``experiments`` package
+    packages ship (:data:`ANSWER_KEYS`), and this project's packages where they are installed in a
+    package directory rather than run from the checkout."""
+    installed = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
+    project = [os.path.join(installed, name) for name in ("experiments", "lookahead_core")]
     found = [os.path.realpath(os.path.join(d, key)) for d in _package_dirs() for key in ANSWER_KEYS]
     shown = [p for p in shown_paths() if not os.path.islink(p)]
-    return tuple(sorted({p for p in (*found, project) if os.path.isdir(p)
+    return tuple(sorted({p for p in (*found, *project) if os.path.isdir(p)
                          and any(p.startswith(q.rstrip("/") + "/") for q in shown)}))
 
 
