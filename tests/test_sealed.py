@@ -290,7 +290,7 @@ def test_each_process_sees_only_what_it_needs(host: Canaries) -> None:
     the same outer sandbox) list and read every file they can: every one lies under the paths
     docs/sandbox.md names, and none holds benchmark data or the project's source."""
     scan = SCAN.replace("MARKERS", repr(_markers()))
-    allowed = tuple(p.rstrip("/") + "/" for p in (*sandbox.shown_paths(), "/tmp", "/run/program", "/run/grader"))
+    allowed = tuple(p.rstrip("/") + "/" for p in (*sandbox.shown_paths(), "/tmp", "/run/grader"))
     scan = scan.replace("ALLOWED", repr(allowed))
     program = "    " + scan.replace("\n", "\n    ") + "\n    return None\n"
     limits = Limits(timeout_s=300, memory_mb=2048, disk_mb=16)
@@ -300,6 +300,6 @@ def test_each_process_sees_only_what_it_needs(host: Canaries) -> None:
         found = _scanned(result)
         assert found["outside"] == [] and found["files"] > 1000, (role, found)
         assert found["hits"] == {}, (role, found["hits"])
-    # the program's process sees its own launcher's folder, the grader's hidden (empty)
-    assert _scanned(as_program)["run"] == {"grader": [], "program": ["channel.pyc", "job.json", "launcher.pyc"]}
+    # the grader's folder is hidden from the program (empty); its own launcher came through a pipe
+    assert _scanned(as_program)["run"] == {"grader": []}
     assert _scanned(as_grader)["run"] == {"grader": ["channel.pyc", "job.json", "launcher.pyc"]}

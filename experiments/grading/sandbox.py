@@ -60,7 +60,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from experiments.grading.launcher import (EXITED_EARLY, GRADER_DIR, PROGRAM_DIR, SAFE_PATH, SANDBOX_GID,
+from experiments.grading.launcher import (EXITED_EARLY, GRADER_DIR, SAFE_PATH, SANDBOX_GID,
                                          SANDBOX_UID, SHM_BYTES, WORK_DIR, sandbox_env)
 
 Status = Literal["passed", "failed", "timeout", "error"]
@@ -398,19 +398,14 @@ def _package_dirs() -> list[str]:
 
 
 def _write_job(root: Path, job: Mapping[str, Any], files: Mapping[str, str] | None) -> dict[str, str]:
-    """The launcher's job (and, for a graded job, the program's: ``job["program"]``, in a folder of
-    its own) and the program's files in ``root``; returns the read-only binds ``{inside: host}``."""
-    job = {**job, "path": _package_dirs()}
-    program = job.pop("program", None)
-    binds = {}
-    for folder, inside, content in (("grader", GRADER_DIR, job), ("program", PROGRAM_DIR, program)):
-        if content is None:
-            continue
-        (root / folder).mkdir()
-        (root / folder / "job.json").write_text(json.dumps({**content, "path": job["path"]}), encoding="utf-8")
-        for name, compiled in _launcher_files().items():
-            (root / folder / name).write_bytes(compiled)
-        binds[inside] = str(root / folder)
+    """The launcher's job (a graded job's carries the program's, ``job["program"]``, which the grader
+    hands the program's process through a pipe) and the launcher's files in ``root / "grader"``, the
+    program's files in ``root / "files"``; returns the read-only binds ``{inside: host}``."""
+    (root / "grader").mkdir()
+    (root / "grader" / "job.json").write_text(json.dumps({**job, "path": _package_dirs()}), encoding="utf-8")
+    for name, compiled in _launcher_files().items():
+        (root / "grader" / name).write_bytes(compiled)
+    binds = {GRADER_DIR: str(root / "grader")}
     (root / "files").mkdir()
     for name, content in (files or {}).items():
         if Path(name).name != name or name in ("", ".", ".."):
@@ -438,7 +433,7 @@ def _command(mode: str, root: Path, binds: Mapping[str, str], limits: Limits, ro
     if mode == "bwrap":
         as_root = os.geteuid() == 0
         nproc = _thread_count(SANDBOX_UID if as_root else os.getuid()) + limits.max_processes
-        where = [mode, PROGRAM_DIR] if role == "grader" else []
+        where = [mode] if role == "grader" else []
         launcher = [*flags, f"{GRADER_DIR}/launcher.pyc", role, *where, f"{GRADER_DIR}/job.json", *map(str, fds)]
         inner = bwrap_argv(launcher, limits, as_root=as_root, shown=shown_paths(), masked=masked_paths(),
                            binds=binds, seccomp_fd=seccomp_fd)  # fmt: skip
@@ -448,7 +443,7 @@ def _command(mode: str, root: Path, binds: Mapping[str, str], limits: Limits, ro
     for inside, host in binds.items():
         if inside.startswith(WORK_DIR + "/"):
             shutil.copyfile(host, work / Path(inside).name)
-    where = [mode, str(root / "program")] if role == "grader" else []
+    where = [mode] if role == "grader" else []
     launcher = [*flags, str(root / "grader" / "launcher.pyc"), role, *where, str(root / "grader" / "job.json"),
                 *map(str, fds)]  # fmt: skip
     nproc = _thread_count(os.getuid()) + limits.max_processes
