@@ -18,8 +18,7 @@ with ``ImageChops``). A module crosses by its name, and the receiver gives its o
 module it has already loaded or one of :data:`IMPORTABLE` (an import runs code: a name such as
 ``unittest.__main__`` would run test discovery in the receiver). An exception crosses as its type's
 name and message (:class:`Raised`); names of code (types, factories, exceptions) resolve only
-among builtins. Sizes are capped (``limit`` bytes of
-text, ``depth`` levels); a cycle is refused.
+among builtins. Sizes are capped (``limit`` bytes of text, ``depth`` levels); a cycle is refused.
 
 Standard library only: both processes load it inside the sandbox.
 """
@@ -520,6 +519,7 @@ class Remote:
         return self.request("global", name=name)
 
 
+# What the grader never lends: through a frame, code or a traceback its globals and locals are reached.
 _INSIDES = (types.FrameType, types.CodeType, types.TracebackType)
 # The container protocol across the channel: (target, key, value) -> result, by ``how``. The
 # grader's objects answer only the reads; the program's also take writes.
