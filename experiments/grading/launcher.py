@@ -1,14 +1,16 @@
 """The launcher inside the sandbox: the grader's process, the program's, or a plain script.
 
 ``python -I -S launcher.pyc ROLE ...`` (compiled once per host process by ``sandbox.py`` and
-bound read-only into the sandbox, beside ``channel.pyc``):
+bound read-only into the grader's folder of the sandbox, beside ``channel.pyc``):
 
-* ``grader MODE PROGRAM_DIR JOB NONCE_FD RESULT_FD``: starts the program's process first (nested
-  ``bwrap`` under ``MODE=bwrap``: :func:`program_sandbox_argv`), then takes the nonce, runs the
-  benchmark's test with the program's names reached through :mod:`channel`, and writes the one
-  result record carrying the nonce.
-* ``program JOB REQUEST_FD REPLY_FD``: runs the program (HumanEval's prompt and completion, MBPP's
-  code, ClassEval's module), says whether it is ready, then answers the grader's requests.
+* ``grader MODE JOB NONCE_FD RESULT_FD``: starts the program's process first (nested ``bwrap``
+  under ``MODE=bwrap``: :func:`program_sandbox_argv`), then takes the nonce, runs the benchmark's
+  test with the program's names reached through :mod:`channel`, and writes the one result record
+  carrying the nonce.
+* the program's process starts from :data:`BOOT` (``python -c``) and reads this launcher, the
+  channel and its job from a pipe the grader writes (no file of the project is in its sandbox); it
+  runs the program (HumanEval's prompt and completion, MBPP's code, ClassEval's module), says
+  whether it is ready, then answers the grader's requests.
 * ``script JOB NONCE_FD RESULT_FD``: a plain program with no grader; it passes when it runs to its
   end (the reference graders, the sandbox's own tests).
 
@@ -29,7 +31,6 @@ from typing import Any
 SANDBOX_UID = SANDBOX_GID = 65534
 WORK_DIR = "/tmp"                     # inside the sandbox: cwd, HOME and TMPDIR, a tmpfs of disk_mb
 GRADER_DIR = "/run/grader"           # inside: the grader's launcher and job, read-only (hidden from the program)
-PROGRAM_DIR = "/run/program"         # inside: the program's launcher and job, read-only
 SHM_BYTES = 1 << 20
 EXITED_EARLY = "exited before the tests finished"
 PROGRAM_NAME = "program.py"
@@ -110,27 +111,29 @@ def _executed(source: str, namespace: dict[str, Any], filename: str = PROGRAM_NA
     return None
 
 
-def _load(name: str) -> Any:
-    """``name.pyc`` from beside this launcher, outside ``sys.modules`` (a program's ``import`` does
-    not reach it)."""
-    import importlib.machinery
-    import importlib.util
+def _compiled(name: str) -> bytes:
+    """The marshalled code of ``name.pyc`` beside this launcher (the grader's folder)."""
+    with open(os.path.join(os.path.dirname(__file__), f"{name}.pyc"), "rb") as handle:
+        return handle.read()[16:]                                  # past the .pyc header
 
-    path = os.path.join(os.path.dirname(__file__), f"{name}.pyc")
-    spec = importlib.util.spec_from_loader(f"grader_{name}", importlib.machinery.SourcelessFileLoader(f"grader_{name}", path))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+
+def _module(name: str, code: bytes) -> Any:
+    """A module run from marshalled ``code``, outside ``sys.modules`` (a program's ``import`` does
+    not reach it)."""
+    import marshal
+    import types
+
+    module = types.ModuleType(f"grader_{name}")
+    exec(marshal.loads(code), vars(module))
     return module
 
 
-def _start(job_path: str) -> dict[str, Any]:
-    """The role's job, read from ``job_path``, and what ``site`` would give the process without
-    running its ``.pth`` files (the launchers start with ``-S``): the host's package directories,
-    and the ``exit``/``quit`` builtins."""
+def _start(job: dict[str, Any]) -> dict[str, Any]:
+    """The role's ``job``, and what ``site`` would give the process without running its ``.pth``
+    files (the launchers start with ``-S``): the host's package directories, and the
+    ``exit``/``quit`` builtins."""
     import _sitebuiltins
 
-    with open(job_path, encoding="utf-8") as handle:
-        job = json.load(handle)
     sys.path.extend(job["path"])
     builtins.exit, builtins.quit = _sitebuiltins.Quitter("exit", "Ctrl-D"), _sitebuiltins.Quitter("quit", "Ctrl-D")
     sys.argv = [PROGRAM_NAME]
@@ -140,13 +143,28 @@ def _start(job_path: str) -> dict[str, Any]:
 # -- the program's process ------------------------------------------------------------------------
 
 
-def _program(job_path: str, request_fd: str, reply_fd: str) -> None:
+# The program's process starts from this text (``python -c BOOT BOOT_FD REQUEST_FD REPLY_FD``): it reads
+# this launcher's code, the channel's and its job from the boot pipe (:func:`_send_boot`), then runs
+# :func:`_program`. So no file of the project is in its sandbox to read.
+BOOT = """import marshal, os, sys
+fd, data = int(sys.argv[1]), b""
+while chunk := os.read(fd, 1 << 16):
+    data += chunk
+os.close(fd)
+launcher, channel, job = marshal.loads(data)
+space = {"__name__": "launcher"}
+exec(marshal.loads(launcher), space)
+space["_program"](channel, job, *sys.argv[2:])
+"""
+
+
+def _program(channel_code: bytes, job_text: str, request_fd: str, reply_fd: str) -> None:
     """Entry point of the program's process: run the program, say whether it is ready, then answer
     the grader's requests on its namespace until the grader closes the channel."""
-    job = _start(job_path)
+    job = _start(json.loads(job_text))
     if job.get("guard"):
         _install_guard(os.getcwd())
-    channel = _load("channel")
+    channel = _module("channel", channel_code)
     out = int(reply_fd)
     if "module" in job:              # ClassEval: the task's module, imported from the work directory
         import importlib
@@ -214,26 +232,38 @@ class _Child:
         return self.returncode
 
 
-def _spawn_program(mode: str, program_dir: str) -> tuple[_Child, int, int]:
-    """Start the program's process (its launcher in its own sandbox under ``bwrap``, a plain child
-    under ``process``) with nothing inherited but its two channel pipes: (process, the grader's
-    read end, the grader's write end)."""
+def _spawn_program(mode: str) -> tuple[_Child, int, int, int]:
+    """Start the program's process (:data:`BOOT` in its own sandbox under ``bwrap``, a plain child
+    under ``process``) with nothing inherited but its boot pipe and its two channel pipes:
+    (process, the boot pipe's write end, the grader's read end, the grader's write end)."""
+    boot_r, boot_w = os.pipe()
     request_r, request_w = os.pipe()
     reply_r, reply_w = os.pipe()
     for fd in range(3, 256):                   # the nonce's pipe, the result descriptor, whatever came
-        if fd not in (request_r, reply_w):
-            try:
-                os.set_inheritable(fd, False)
-            except OSError:
-                continue
-    os.set_inheritable(request_r, True)
-    os.set_inheritable(reply_w, True)
-    command = [sys.executable, "-I", "-S", "-B", "-X", "utf8", f"{program_dir}/launcher.pyc", "program",
-               f"{program_dir}/job.json", str(request_r), str(reply_w)]  # fmt: skip
+        try:
+            os.set_inheritable(fd, fd in (boot_r, request_r, reply_w))
+        except OSError:
+            continue
+    command = [sys.executable, "-I", "-S", "-B", "-X", "utf8", "-c", BOOT, str(boot_r), str(request_r), str(reply_w)]
     process = _Child(program_sandbox_argv(command) if mode == "bwrap" else command)
-    os.close(request_r)
-    os.close(reply_w)
-    return process, reply_r, request_w
+    for fd in (boot_r, request_r, reply_w):
+        os.close(fd)
+    return process, boot_w, reply_r, request_w
+
+
+def _send_boot(boot_w: int, job: dict[str, Any]) -> None:
+    """Write the program's launcher, channel and job (its program, and the package path) to its boot
+    pipe, and close it; a program's process that already ended reads none of it."""
+    import marshal
+
+    program = json.dumps({**job["program"], "path": job["path"]})
+    data = marshal.dumps((_compiled("launcher"), _compiled("channel"), program))
+    try:
+        while data:
+            data = data[os.write(boot_w, data):]
+    except BrokenPipeError:
+        pass
+    os.close(boot_w)
 
 
 def _undumpable() -> None:
@@ -245,6 +275,31 @@ def _undumpable() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)
     except (OSError, AttributeError):
         pass
+
+
+def _seal_imports(work: str) -> None:
+    """No module of the grader's comes from ``work``, the directory the program writes to: the
+    path finder looks only at entries outside it, in ``sys.path`` and in packages' ``__path__``,
+    whatever is added later (test discovery puts its start directory first). Only the path finder
+    reads files; the other finders serve builtin and frozen modules."""
+    import importlib.machinery
+
+    root = os.path.realpath(work)
+
+    def outside(entries: Any) -> list[Any]:
+        kept = []
+        for entry in entries:
+            real = os.path.realpath(os.fsdecode(entry) or ".") if isinstance(entry, str | bytes) else root
+            if real != root and not real.startswith(root + "/"):
+                kept.append(entry)
+        return kept
+
+    class SealedPathFinder(importlib.machinery.PathFinder):
+        @classmethod
+        def find_spec(cls, name: str, path: Any = None, target: Any = None) -> Any:
+            return super().find_spec(name, outside(sys.path if path is None else path), target)
+
+    sys.meta_path[:] = [SealedPathFinder if f is importlib.machinery.PathFinder else f for f in sys.meta_path]
 
 
 def _program_gone(process: Any, mode: str, why: str) -> tuple[str, str, dict[str, Any]]:
@@ -261,15 +316,17 @@ def _program_gone(process: Any, mode: str, why: str) -> tuple[str, str, dict[str
     return "failed", EXITED_EARLY, {}
 
 
-def _grade(mode: str, program_dir: str, job_path: str, nonce_fd: str, result_fd: str) -> None:
+def _grade(mode: str, job_path: str, nonce_fd: str, result_fd: str) -> None:
     """Entry point of the grader's process: start the program's process, take the nonce, run the
     benchmark's test here with the program's names reached through the channel, write the record."""
-    process, reply_r, request_w = _spawn_program(mode, program_dir)   # first: its start overlaps ours
+    process, boot_w, reply_r, request_w = _spawn_program(mode)   # first: its start overlaps ours
     nonce = _take_nonce(nonce_fd)
     out = int(result_fd)
     _undumpable()
-    job = _start(job_path)
-    channel = _load("channel")
+    job = _start(_read_job(job_path))
+    _seal_imports(os.getcwd())
+    _send_boot(boot_w, job)
+    channel = _module("channel", _compiled("channel"))
     remote = channel.Remote(channel.Pipes(reply_r, request_w, time.monotonic() + job["timeout_s"] + 5))
     status, reason, details = "failed", "", {}
     try:
@@ -365,11 +422,16 @@ def _script(job_path: str, nonce_fd: str, result_fd: str) -> None:
     nonce = _take_nonce(nonce_fd)
     out = int(result_fd)
     os.set_inheritable(out, False)
-    job = _start(job_path)
+    job = _start(_read_job(job_path))
     if job.get("guard"):
         _install_guard(os.getcwd())
     status, reason, details = _executed(job["source"], {}) or ("passed", "", {})
     _record(out, nonce, status, reason, details)
+
+
+def _read_job(path: str) -> dict[str, Any]:
+    with open(path, encoding="utf-8") as handle:
+        return json.load(handle)
 
 
 def _take_nonce(fd: str) -> str:
@@ -384,7 +446,7 @@ def _record(out: int, nonce: str, status: str, reason: str, details: dict[str, A
     os.write(out, (json.dumps({"nonce": nonce, "status": status, "reason": reason, "details": details}) + "\n").encode())
 
 
-_ROLES = {"program": _program, "grader": _grade, "script": _script}
+_ROLES = {"grader": _grade, "script": _script}
 
 
 

