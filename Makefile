@@ -40,9 +40,9 @@ test: install
 # The lowest transformers served (lookahead_core.TRANSFORMERS, which pyproject.toml repeats), in a
 # virtual environment of its own over the installed torch and packages (.venv-lower, kept between
 # runs; rebuilt when its Python is gone): the core's tests run there too, so the declared range is the
-# tested one: the GPU command's tiny CPU mode (SDPA alone: torch's compiled CPU flex_attention is wrong
-# on AVX2 hosts whatever transformers, so tests/test_gpu_run.py's run with flex is left to the main
-# suite, with that file's version-free checks of the script), then lossless, EAGLE, Medusa, the generate
+# tested one: the GPU command's tiny CPU mode (SDPA alone: its flex pieces, admitted or refused by the
+# host's CPU whatever transformers, run in tests/test_gpu_run.py with the main suite, as do that
+# file's version-free checks of the script), then lossless, EAGLE, Medusa, the generate
 # route, the keyword audit and the range, less the EAGLE and Medusa sampling-distribution tests (the
 # lossless ones run the same forwards) and the corpus test of EAGLE-3's requests (no model in it):
 # 9-12 minutes on the 2-core CPU host. After `make install` (CI: after `make test`).
