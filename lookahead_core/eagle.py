@@ -435,11 +435,6 @@ class EagleSource:
         self.clock.stop(span)
         self.spans.append(span)
 
-    def _grow(self) -> list[_Node]:
-        """Every node the levels generated (their ``width`` best per level expanded, ``width``
-        children each)."""
-        return self._nodes(self._grow_on_device().tolist())
-
     def _grow_on_device(self) -> torch.Tensor:
         """The tree grown on the drafter's device, as :meth:`_nodes` reads it (float64, (n,))."""
         drafter, device = self.drafter, self.drafter.device
@@ -461,7 +456,6 @@ class EagleSource:
             if self.level_cost and device.type == "cpu" and _mass(scores.tolist()) < self.level_cost:
                 break
             mask = torch.cat([torch.ones(width, committed, dtype=torch.bool, device=device), seen, eye], 1)
-            mask = mask[:, -(self.cache.get_seq_length() + width):]   # what the cache holds (a layer may keep none)
             positions = torch.full((width,), self.next + depth - 2, device=device)
             out = drafter(tokens, features, positions, mask, self.cache)
             top = torch.topk(drafter.log_probs(out), width)           # each fed node's ``width`` children

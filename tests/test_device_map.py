@@ -22,22 +22,11 @@ from torch.overrides import TorchFunctionMode
 from lookahead_core import CausalLM, DecodeLimits, LookaheadConfig, decode, decode_batch
 from lookahead_core.model_io import Feed
 
+from test_transfers import tensors_in
 from tiny_families import tiny_family_model
 
 PROMPT = [5, 17, 3, 99, 42, 7, 5, 17, 3, 99, 8, 61, 23, 5, 17]
 GPUS = (torch.device("cuda", 0), torch.device("cuda", 1))
-
-
-def _tensors(value, out):
-    if isinstance(value, torch.Tensor):
-        out.append(value)
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            _tensors(v, out)
-    elif isinstance(value, dict):
-        for v in value.values():
-            _tensors(v, out)
-    return out
 
 
 def _gpu(value) -> torch.device | None:
@@ -119,7 +108,7 @@ class TwoGPUs(TorchFunctionMode):
         if target is not None:                                    # a factory on a GPU
             kwargs["device"] = "cpu"
         else:
-            devices = list(dict.fromkeys(d for t in _tensors([args, kwargs], []) if (d := gpu_of(t)) is not None))
+            devices = list(dict.fromkeys(d for t in tensors_in([args, kwargs], []) if (d := gpu_of(t)) is not None))
             if len(devices) > 1:
                 name = getattr(func, "__qualname__", str(func))
                 self.mixed.append(name)
@@ -149,7 +138,7 @@ def _run_on(module: torch.nn.Module, device: torch.device, back: bool = False) -
 
     @functools.wraps(forward)
     def on_device(*args, **kwargs):
-        inputs = [t.device for t in _tensors([args, kwargs], [])]
+        inputs = [t.device for t in tensors_in([args, kwargs], [])]
         out = forward(*_moved(list(args), device), **_moved(dict(kwargs), device))
         return _moved(out, inputs[0]) if back and inputs else out
 

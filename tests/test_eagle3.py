@@ -140,7 +140,7 @@ def test_a_level_priced_above_what_it_can_add_is_not_grown():
     def deepest(cost: float) -> tuple[int, float]:
         source = EagleSource(drafter, size=40, depth=5, level_cost=cost)
         source.update(StepOutcome(text, len(text), text[-1], features=features))
-        nodes = source._grow()
+        nodes = source._nodes(source._grow_on_device().tolist())     # every node the levels generated
         return max(n.depth for n in nodes), sum(math.exp(n.score) for n in nodes if n.depth == 1)
 
     full, mass = deepest(0.0)

@@ -47,15 +47,16 @@ _HOST_ANSWERS = {torch.equal, torch.Tensor.equal, torch.allclose, torch.Tensor.a
 _REPEATS = {torch.repeat_interleave, torch.Tensor.repeat_interleave}   # with device repeats: a result size
 
 
-def _tensors(value, out):
+def tensors_in(value, out):
+    """Every tensor in ``value`` (nested lists, tuples and dicts), appended to ``out``."""
     if isinstance(value, torch.Tensor):
         out.append(value)
     elif isinstance(value, (list, tuple)):
         for v in value:
-            _tensors(v, out)
+            tensors_in(v, out)
     elif isinstance(value, dict):
         for v in value.values():
-            _tensors(v, out)
+            tensors_in(v, out)
     return out
 
 
@@ -138,7 +139,7 @@ class DeviceSim(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        inputs = _tensors(list(args), []) + _tensors(kwargs, [])
+        inputs = tensors_in(list(args), []) + tensors_in(kwargs, [])
         device_in = any(self.on_device(t) for t in inputs)
         name = getattr(func, "__qualname__", getattr(func, "__name__", str(func)))
         if func in _READS and args and isinstance(args[0], torch.Tensor) and self.on_device(args[0]):
@@ -177,7 +178,7 @@ class DeviceSim(TorchFunctionMode):
                 self.transfers.append(f"device->host (result size) boolean index {name}")
             self.transfers += [f"host->device implicit {name}"] * len(host)
         if to_device and func not in _READS:
-            for t in _tensors(out if not hasattr(out, "to_tuple") else out.to_tuple(), []):
+            for t in tensors_in(out if not hasattr(out, "to_tuple") else out.to_tuple(), []):
                 self.add(t)
         return out
 
@@ -191,7 +192,7 @@ def step_transfers(model, run, drafters: dict | None = None) -> list[int]:
     lm = CausalLM(model, drafters=drafters)
     probe(lm)                       # the capability probe's forwards, once per model: not a decode step
     sim = DeviceSim(model, *(drafters or {}).values())
-    for t in _tensors(list(vars(lm.flex).values()) if lm.flex is not None else [], []):
+    for t in tensors_in(list(vars(lm.flex).values()) if lm.flex is not None else [], []):
         sim.add(t)                  # flex_attention's mask buffers: made on the device with the model
     marks: list[int] = []
     forward, read_clocks = CausalLMClass.forward_batch, decoder_module._read_clocks
