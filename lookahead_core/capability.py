@@ -35,9 +35,11 @@ from __future__ import annotations
 
 import math
 import os
+import platform
 import weakref
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -198,13 +200,24 @@ class AttentionVerdict:
         return UnsupportedAttentionError(self.attention, (self.cause,), message)
 
 
-def device_label(device: torch.device) -> str:
-    """The device with what decides its compiled kernels: the CPU's vector capability, the GPU's name."""
-    if device.type == "cpu":
-        return f"cpu, {torch.backends.cpu.get_cpu_capability()}, torch {torch.__version__}"
-    if device.type == "cuda" and torch.cuda.is_available():
-        return f"{device}, {torch.cuda.get_device_name(device)}, torch {torch.__version__}"
-    return f"{device}, torch {torch.__version__}"
+def device_name(device: str | torch.device) -> str:
+    """What chip ``device`` is: the GPU's name (``torch.cuda.get_device_name``), else the CPU's model
+    name (/proc/cpuinfo's "model name", else ``platform.processor()``). The one reader of it: the
+    attention verdict, the harness's rows and results files (runs on an A100 and on an H100 never
+    share one), auto's latency curves and the GPU command all name the chip with it."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    name = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    name = name or platform.processor() or platform.machine() or "unknown CPU"
+    return name if device.type == "cpu" else f"{device.type} ({name})"
 
 
 def attention_verdict(model: torch.nn.Module | CausalLM) -> AttentionVerdict:
@@ -228,14 +241,17 @@ def check_attention(lm: CausalLM) -> AttentionVerdict:
         name = reference.attention
     limit = threshold(logit_tolerance(lm.dtype), noise)
     max_diff, cause = _compare(lm, ids, expected, limit, name)
+    # the device with what decides its compiled kernels: the chip and, on a CPU, its vector capability
+    isa = f", {torch.backends.cpu.get_cpu_capability()}" if lm.device.type == "cpu" else ""
+    where = f"{lm.device}, {device_name(lm.device)}{isa}, torch {torch.__version__}"
     if cause is None:
-        return AttentionVerdict(lm.attention, device_label(lm.device), max_diff, limit)
+        return AttentionVerdict(lm.attention, where, max_diff, limit)
     alternatives = [f"attn_implementation={name!r} (the reference here)"]
     with uncompiled():
         if _compare(lm, ids, expected, limit, name)[1] is None:
             cause += "; run uncompiled it is right, so the kernel torch compiles for this device is at fault"
             alternatives.append(f"{lm.attention} uncompiled (TORCHDYNAMO_DISABLE=1 in the environment: right here, slow)")
-    return AttentionVerdict(lm.attention, device_label(lm.device), max_diff, limit, cause, tuple(alternatives))
+    return AttentionVerdict(lm.attention, where, max_diff, limit, cause, tuple(alternatives))
 
 
 def uncompiled():

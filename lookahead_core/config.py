@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 
 from . import sources as _sources
+from .layout import window_rows as _window_rows
 
 
 def _require(ok: bool, message: str) -> None:
@@ -132,7 +133,7 @@ class LookaheadConfig:
     @property
     def window_rows(self) -> int:
         """Tokens the input token and a warmed-up window feed: 1 + (W-1) + (N-2)*W, or 1 pool-only."""
-        return 1 if self.pool_only else 1 + (self.window - 1) + (self.ngram - 2) * self.window
+        return 1 if self.pool_only else _window_rows(self.window, self.ngram - 1)
 
     @property
     def parallel_units(self) -> int:

@@ -273,24 +273,18 @@ def _run(model, prompts: list[list[int]], lookahead: LookaheadConfig | None, lim
     while live:
         batch = [seqs[i] for i in live]
         _launch(batch)
-        plans = [_draft(seq, lm.position_limit) for seq in batch]
+        plans = [_draft(seq, lm.position_limit) for seq in batch]                      # 1. plans
         past, valid, comm = cache.get_seq_length(), [seq.committed for seq in batch], lm.comm_seconds
-        logits, states = _forward(lm, cache, batch, plans, hidden, clock)
-        verdicts, reads = _verify(batch, plans, logits)
-        keep, also = [], {}
-        for b, (seq, plan, verdict) in enumerate(zip(batch, plans, verdicts)):
-            kept = _accept(seq, verdict.tokens, limits, tokenizer, on_token)
-            seq.stats.accepted.append(kept)
-            keep.append(_keep(plan, verdict, kept))
-            if features and seq.proposer is not None:      # the features' rows and tokens: in the commit's copy
-                also |= {f"rows{b}": _chose(plan, verdict, kept), f"tokens{b}": torch.tensor(seq.tokens[-kept:])}
-        rest = [r for r, seq in enumerate(batch) if not seq.done]
-        if 0 < len(rest) < len(batch):                      # the rows that stay: in the commit's copy too
-            also["rest"] = torch.tensor(rest)
-        on = lm.commit(cache, past, keep, valid, also)
+        logits, states = _forward(lm, cache, batch, plans, hidden, clock)              # 2. logits, states
+        verdicts, reads = _verify(batch, plans, logits)                                # 3. verdicts, reads
+        kept = [_accept(seq, verdict.tokens, limits, tokenizer, on_token)              # 4. tokens kept
+                for seq, verdict in zip(batch, verdicts)]
+        for seq, n in zip(batch, kept):
+            seq.stats.accepted.append(n)
+        on = _keep(lm, cache, past, valid, batch, plans, verdicts, kept, features)    # 5. what the copy carried
         for b, (seq, plan, verdict, read, row_states) in enumerate(zip(batch, plans, verdicts, reads, states)):
             chose = (on[f"rows{b}"], on[f"tokens{b}"]) if f"rows{b}" in on else None
-            _learn(seq, plan, verdict, seq.stats.accepted[-1], read, row_states, chose, layers)
+            _learn(seq, plan, verdict, kept[b], read, row_states, chose, layers)         # 6.
         for seq in batch:
             seq.stats.comm_seconds += lm.comm_seconds - comm
         retire(start, on.get("rest"))
@@ -308,10 +302,12 @@ def _read_clocks(seqs: list[_Sequence], clock: ForwardClock) -> None:
 
 @dataclass(frozen=True)
 class _Plan:
+    """What one sequence feeds a step, and how its rows are laid out."""
+
     tree: DraftTree
     layout: StepLayout
     feed: Feed
-    windowed: bool                   # the window's rows are in this step (not near the position limit)
+    with_window: bool                # the window's rows are in this step (not near the position limit)
 
 
 def _launch(batch: list[_Sequence]) -> None:
@@ -331,20 +327,20 @@ def _draft(seq: _Sequence, position_limit: int | None) -> _Plan:
     below the model's last position (near it the window sits the step out and the tree is cut to
     the depth that fits)."""
     proposer = seq.proposer
-    window = proposer.window if proposer is not None else None
+    window = proposer.window if proposer is not None else None          # the JacobiWindow, if any
     levels = len(window.levels) if window is not None else 0
-    fit = fit_step(position_limit, seq.committed, window.window if window is not None else 0, levels)
-    if not fit.window:
+    fit = fit_step(position_limit, seq.committed, window.width if window is not None else 0, levels)
+    if not fit.with_window:
         window, levels = None, 0
-    window_width = window.window if window is not None else 0
+    width = window.width if window is not None else 0
     window_tokens = window.tokens() if window is not None else []
     tree = proposer.propose(seq.tokens, 1 + len(window_tokens)) if proposer is not None else EMPTY_TREE
     tree = cut_tree(tree, fit.max_depth)
-    layout = step_layout(window_width, levels, tree.parents,
-                         window is not None and proposer.recycle_window)
+    layout = step_layout(width, levels, tree.parents, window is not None and proposer.recycle_window)
     fed = [seq.tokens[-1]] + window_tokens + list(tree.tokens)
     visible = None if layout.causal else layout.visible           # None: a plain causal chain
-    return _Plan(tree, layout, Feed(fed, layout.offsets, visible, seq.committed, layout.logit_rows), window is not None)
+    return _Plan(tree, layout, Feed(fed, layout.offsets, visible, seq.committed, layout.logit_rows),
+                 with_window=window is not None)
 
 
 def _forward(lm: CausalLM, cache, batch: list[_Sequence], plans: list[_Plan], hidden: bool,
@@ -363,10 +359,11 @@ def _forward(lm: CausalLM, cache, batch: list[_Sequence], plans: list[_Plan], hi
 
 
 def _verify(batch: list[_Sequence], plans: list[_Plan], logits: list[torch.Tensor]) -> tuple[list[Verdict], list[_Read]]:
-    """3. Each sequence's verdict on its tree (verify.py), from what the host has read of the logits."""
+    """3. Each sequence's verdict on its tree (verify.py), from what the host has read of its logits
+    (``logits[b]``: (r, V), one row per ``logit_rows``) at the rows the verifier reads (``tree_picks``)."""
     reads = _read(batch, plans, logits)
-    return [seq.verify(plan.tree, rows, plan.layout.tree_logits.tolist(), read.chosen)
-            for seq, plan, rows, read in zip(batch, plans, logits, reads)], reads
+    return [seq.verify(plan.tree, step_logits, plan.layout.tree_picks.tolist(), read.chosen)
+            for seq, plan, step_logits, read in zip(batch, plans, logits, reads)], reads
 
 
 @dataclass(frozen=True)
@@ -384,12 +381,12 @@ def _read(batch: list[_Sequence], plans: list[_Plan], logits: list[torch.Tensor]
     row's argmax and, where a sequence samples, its draw (``Verifier.choose``); the top-k and their
     probabilities where a source learns from them."""
     k = max((seq.proposer.topk for seq in batch if seq.proposer is not None), default=0)
-    sizes = [len(rows) for rows in logits]
+    sizes = [len(step_logits) for step_logits in logits]
     flat = torch.cat(logits) if len(logits) > 1 else logits[0]
     columns = [flat.argmax(-1, keepdim=True)]
     sampled = any(seq.verify is not verify_greedy for seq in batch)
     if sampled:
-        columns.append(torch.cat([seq.verify.choose(rows) for seq, rows in zip(batch, logits)])[:, None])
+        columns.append(torch.cat([seq.verify.choose(step_logits) for seq, step_logits in zip(batch, logits)])[:, None])
     if k:
         top = flat.topk(k, dim=-1)
         columns += [top.indices, (top.values - flat.logsumexp(-1, keepdim=True)).exp()]
@@ -428,7 +425,7 @@ def _last_layer(states: torch.Tensor, layers: int) -> torch.Tensor:
 
 def _chose(plan: _Plan, verdict: Verdict, kept: int) -> torch.Tensor:
     """The logit rows that chose the step's ``kept`` tokens: the input token's and the accepted path's."""
-    return plan.layout.tree_logits[[0] + [node + 1 for node in verdict.path[:kept - 1]]]
+    return plan.layout.tree_picks[[0] + [node + 1 for node in verdict.path[:kept - 1]]]
 
 
 def _learn(seq: _Sequence, plan: _Plan, verdict: Verdict, kept: int, read: _Read, hidden: torch.Tensor | None,
@@ -442,8 +439,8 @@ def _learn(seq: _Sequence, plan: _Plan, verdict: Verdict, kept: int, read: _Read
     if proposer is None:
         return
     outcome = StepOutcome(seq.tokens, len(seq.tokens) - kept, fed[0])
-    if plan.windowed:
-        outcome = replace(outcome, window_next=[read.argmax[r] for r in layout.last_level_logits.tolist()])
+    if plan.with_window:
+        outcome = replace(outcome, window_next=[read.argmax[r] for r in layout.last_level_picks.tolist()])
     if proposer.topk:
         outcome = replace(outcome, row_tokens=[fed[r] for r in layout.logit_rows.tolist()],
                           row_topk=read.topk, row_topk_probs=read.topk_probs)
@@ -454,11 +451,22 @@ def _learn(seq: _Sequence, plan: _Plan, verdict: Verdict, kept: int, read: _Read
     proposer.update(outcome, plan.tree, verdict.path)
 
 
-def _keep(plan: _Plan, verdict: Verdict, kept: int) -> list[int]:
-    """5. The step rows whose KV the sequence keeps: the input token's and the accepted path's, as
-    far as its ``kept`` tokens go (the last one has no KV yet)."""
-    path_rows = plan.layout.tree_rows[verdict.path].tolist() if verdict.path else []
-    return [0] + path_rows[: kept - 1]
+def _keep(lm: CausalLM, cache, past: int, valid: list[int], batch: list[_Sequence], plans: list[_Plan],
+          verdicts: list[Verdict], kept: list[int], features: bool) -> dict[str, torch.Tensor]:
+    """5. Keep each sequence's KV rows of the step, the input token's and the accepted path's as far
+    as its ``kept`` tokens go (the last one has no KV yet), in one copy (``commit_kv``) that also
+    carries, on the device, the rows that gave the kept tokens and those tokens (``rows{b}``,
+    ``tokens{b}``, where a source learns from features) and the batch rows that stay (``rest``)."""
+    keep, also = [], {}
+    for b, (seq, plan, verdict, n) in enumerate(zip(batch, plans, verdicts, kept)):
+        path_rows = plan.layout.tree_rows[verdict.path].tolist() if verdict.path else []
+        keep.append([0] + path_rows[: n - 1])
+        if features and seq.proposer is not None:
+            also |= {f"rows{b}": _chose(plan, verdict, n), f"tokens{b}": torch.tensor(seq.tokens[-n:])}
+    rest = [r for r, seq in enumerate(batch) if not seq.done]
+    if 0 < len(rest) < len(batch):
+        also["rest"] = torch.tensor(rest)
+    return lm.commit(cache, past, keep, valid, also)
 
 
 def _hits_stop(tokenizer, generated: list[int], stop_strings: tuple[str, ...]) -> bool:

@@ -171,9 +171,9 @@ class StepLayout:
     last_level_rows: torch.Tensor  # (W,) rows whose argmax extends the window ((0,) if none)
     tree_rows: torch.Tensor        # (n,) row of each tree node
     logit_rows: torch.Tensor       # (r,) sorted rows whose logits the step needs
-    last_level_logits: torch.Tensor  # (W,) index into logit_rows of each last-level row
-    tree_logits: torch.Tensor      # (n+1,) index into logit_rows of the rows that predict the
-                                   # children of the input token (first) and of each tree node
+    last_level_picks: torch.Tensor  # (W,) index into the step's logits (logit_rows' order) of each last-level row
+    tree_picks: torch.Tensor       # (n+1,) index into the step's logits of the rows the verifier reads: those that
+                                   # predict the children of the input token (first) and of each tree node
     causal: bool = False           # rows form a plain causal chain (greedy, one chain, no window)
 
     @property
@@ -183,7 +183,7 @@ class StepLayout:
     @property
     def window_rows(self) -> int:
         """Rows of the input token plus the window (the tree starts here)."""
-        return self.size - len(self.parents)
+        return window_rows(self.window, self.levels)
 
 
 def window_rows(window: int, levels: int) -> int:
@@ -253,8 +253,8 @@ def step_layout(window: int, levels: int, parents: tuple[int, ...] = (), all_log
     return StepLayout(
         window, levels, parents, offsets, visible, last_level_rows, tree_rows,
         logit_rows=logit_rows,
-        last_level_logits=torch.searchsorted(logit_rows, last_level_rows),
-        tree_logits=torch.searchsorted(logit_rows, predicting_rows),
+        last_level_picks=torch.searchsorted(logit_rows, last_level_rows),
+        tree_picks=torch.searchsorted(logit_rows, predicting_rows),
         causal=bool(torch.equal(offsets, torch.arange(q)) and torch.equal(visible, visible.new_ones(q, q).tril())),
     )
 

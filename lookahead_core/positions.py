@@ -31,18 +31,18 @@ class StepFit:
     """What of a step fits below the limit: whether the window goes in, and the deepest tree node
     (None: no cap)."""
 
-    window: bool
+    with_window: bool
     max_depth: int | None
 
 
-def fit_step(limit: int | None, position: int, window: int, levels: int) -> StepFit:
+def fit_step(limit: int | None, position: int, width: int, levels: int) -> StepFit:
     """Fit a step whose input token sits at ``position`` below ``limit``.
 
-    The window (``levels`` filled levels of ``window`` columns; level l, column i at position + l + i)
+    The window (``levels`` filled levels of ``width`` columns; level l, column i at position + l + i)
     goes in only if its last row fits; a tree node of depth d sits at position + d, so the tree keeps
     the depths below the limit (position + d < limit), possibly none. With ``limit=None`` everything fits.
     """
     if limit is None:
         return StepFit(levels > 0, None)
-    window_end = position + levels - 1 + window - 1 if levels else position
+    window_end = position + levels - 1 + width - 1 if levels else position
     return StepFit(levels > 0 and window_end < limit, max(0, limit - 1 - position))

@@ -15,13 +15,13 @@ class JacobiWindow:
     column and shifts the levels up by one.
     """
 
-    def __init__(self, window: int, ngram: int, prompt: Sequence[int], seed: int) -> None:
+    def __init__(self, width: int, ngram: int, prompt: Sequence[int], seed: int) -> None:
         if not prompt:
             raise ValueError("the window is initialised from the prompt, which is empty")
         rng = random.Random(seed)
-        self.window = window
+        self.width = width                # W: the columns of every level but level 0's W-1
         self.ngram = ngram
-        self.levels: list[list[int]] = [[rng.choice(prompt) for _ in range(window - 1)]]
+        self.levels: list[list[int]] = [[rng.choice(prompt) for _ in range(width - 1)]]
 
     @property
     def full(self) -> bool:
@@ -38,15 +38,15 @@ class JacobiWindow:
         (level-0 token, level-1 token, ..., new token), level 0's column 0 being the input token.
         """
         new = [int(t) for t in new_tokens]
-        if len(new) != self.window:
-            raise ValueError(f"expected {self.window} new window tokens, got {len(new)}")
+        if len(new) != self.width:
+            raise ValueError(f"expected {self.width} new window tokens, got {len(new)}")
         if not self.full:
             self.levels.append(new)
             return []
         first_column = [input_token, *self.levels[0]]
         grams = [
             (first_column[i], *(level[i] for level in self.levels[1:]), new[i])
-            for i in range(self.window)
+            for i in range(self.width)
         ]
         upper = self.levels[1:] + [new]
         self.levels = [upper[0][1:], *upper[1:]]

@@ -18,7 +18,7 @@ import time
 import torch
 
 from experiments.data.datasets import repo_root
-from experiments.models.loader import tiny_random_model
+from experiments.models.tiny import tiny_random_model
 from lookahead_core import CausalLM, DecodeLimits, LookaheadConfig, decode_batch
 from lookahead_core.generate import generate
 

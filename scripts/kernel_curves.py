@@ -22,8 +22,9 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from experiments.models.loader import device_name, load_model
+from experiments.models.loader import load_model
 from experiments.reporting.tables import markdown
+from lookahead_core.capability import device_name
 from lookahead_core.cost.curve import measure_latency
 
 SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 32)

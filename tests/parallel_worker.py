@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from experiments.models.loader import tiny_random_model                       # noqa: E402
+from experiments.models.tiny import tiny_random_model                       # noqa: E402
 from lookahead_core import DecodeLimits, LookaheadConfig, SamplingConfig        # noqa: E402
 from lookahead_core.decoder import decode, decode_batch                         # noqa: E402
 from lookahead_core import parallel                                             # noqa: E402

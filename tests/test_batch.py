@@ -12,7 +12,7 @@ from test_sampling import DEPTH, VOCAB, always_accept_verifier, chi_square_pvalu
 
 import lookahead_core.decoder as decoder_module
 from lookahead_core import DecodeLimits, LookaheadConfig, SamplingConfig, decode, decode_batch
-from experiments.models.loader import tiny_random_model
+from experiments.models.tiny import tiny_random_model
 
 NEW = 40
 LENGTHS = (1, 3, 14, 37)          # very different prompt lengths, longer than the window of 8 too

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from experiments.decoders import autotune
-from experiments.models.loader import tiny_random_model
+from experiments.models.tiny import tiny_random_model
 from lookahead_core import CausalLM, DraftStats, LookaheadConfig
 from lookahead_core.cost import CostModel, kv_bucket
 

@@ -310,7 +310,7 @@ def test_a_committed_result_resumes_under_its_migrated_name() -> None:
     """The scaling sweep's first job (scripts/runs/scaling/sweep.sh, committed under results/scaling,
     gzipped) is found by the command that wrote it, on this project's CPU; the streaming kernel
     (model.linear=auto) names a file of its own."""
-    from experiments.models.loader import device_name
+    from lookahead_core.capability import device_name
 
     linear = "window:2,ngram:3,guess:2"
     decoders = (f"decoders=[{{use:lookahead,name:w2_n3,{linear}}},{{use:lookahead,name:w2_n3_pool,{linear},prompt_pool:true}}"

@@ -23,7 +23,7 @@ from lookahead_core.cost import (
     upper_bound,
 )
 from lookahead_core.model_io import CausalLM
-from experiments.models.loader import tiny_random_model
+from experiments.models.tiny import tiny_random_model
 
 # The worked example of docs/algorithm.md: W=4, N=3, G=2 feeds 1 + 3 + 4 + 2*2 = 12 tokens; logits are
 # needed for the input row, the 4 last-level rows and the 4 candidate rows.

@@ -24,8 +24,10 @@ from experiments.config.settings import to_settings
 from experiments.data.datasets import repo_root
 from experiments.job import runner
 from experiments.models import loader as models
+from experiments.models.tiny import tiny_random_model
 from experiments.reporting import report
-from lookahead_core import kernels
+from lookahead_core import capability, kernels
+from lookahead_core.capability import device_name
 
 from conftest import DATA_ROOT
 
@@ -134,11 +136,11 @@ def test_medusa_training_moves_every_batch_to_the_heads_device(tmp_path, monkeyp
 
 def test_device_name_is_the_gpus_name_or_the_cpus_model_name(monkeypatch):
     asked = fake_gpu(monkeypatch, "NVIDIA A100-SXM4-80GB")
-    assert models.device_name("cuda:1") == "NVIDIA A100-SXM4-80GB" and asked == [torch.device("cuda:1")]
+    assert device_name("cuda:1") == "NVIDIA A100-SXM4-80GB" and asked == [torch.device("cuda:1")]
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.is_file() and "model name" in cpuinfo.read_text():
         expected = next(line for line in cpuinfo.read_text().splitlines() if line.startswith("model name"))
-        assert models.device_name("cpu") == expected.split(":", 1)[1].strip()
+        assert device_name("cpu") == expected.split(":", 1)[1].strip()
 
     class NoCpuinfo:
         def __init__(self, path):
@@ -147,9 +149,9 @@ def test_device_name_is_the_gpus_name_or_the_cpus_model_name(monkeypatch):
         def read_text(self):
             raise OSError("no /proc here")
 
-    monkeypatch.setattr(models, "Path", NoCpuinfo)
-    monkeypatch.setattr(models.platform, "processor", lambda: "Apple M2")
-    assert models.device_name("cpu") == "Apple M2" and models.device_name("mps") == "mps (Apple M2)"
+    monkeypatch.setattr(capability, "Path", NoCpuinfo)
+    monkeypatch.setattr(capability.platform, "processor", lambda: "Apple M2")
+    assert device_name("cpu") == "Apple M2" and device_name("mps") == "mps (Apple M2)"
 
 
 def test_two_gpus_of_other_names_get_other_results_files(tmp_path, monkeypatch):
@@ -167,8 +169,8 @@ def test_two_gpus_of_other_names_get_other_results_files(tmp_path, monkeypatch):
 def test_rows_carry_the_device_name(tmp_path):
     path = runner.run(tiny_job(tmp_path, "device=cpu"))
     df = report.load_results([path])
-    assert len(df) and (df["device"] == "cpu").all() and (df["device_name"] == models.device_name("cpu")).all()
-    expected = replace(to_settings(tiny_job(tmp_path), device="cpu"), device_name=models.device_name("cpu"))
+    assert len(df) and (df["device"] == "cpu").all() and (df["device_name"] == device_name("cpu")).all()
+    expected = replace(to_settings(tiny_job(tmp_path), device="cpu"), device_name=device_name("cpu"))
     assert (df["settings"] == expected.fingerprint()).all() and path == expected.results_path()
 
 
@@ -201,7 +203,7 @@ def test_auto_warns_before_a_hub_model_loads_on_the_cpu(monkeypatch):
 
     def hub(spec, dtype, attn_implementation, device_map=None):
         warned_before_load.append(any(w.category is models.CPUFallbackWarning for w in caught))
-        return models.tiny_random_model("llama"), None
+        return tiny_random_model("llama"), None
 
     monkeypatch.setattr(models, "_load_from_hub", hub)
     with warnings.catch_warnings(record=True) as caught:
@@ -274,7 +276,7 @@ def test_the_cpu_kernel_is_never_built_for_a_gpu_or_half_precision_model(kernel_
     assert kernels.linear_kernel(model) == "stock"
     with pytest.raises(kernels.KernelUnavailable, match="float16"):
         models.load_model("tiny-llama", dtype="float16", device="cpu", linear="stream")
-    elsewhere = models.tiny_random_model("llama").to("meta")       # a model on another device than the CPU
+    elsewhere = tiny_random_model("llama").to("meta")       # a model on another device than the CPU
     models._use_kernel(elsewhere, "auto")
     with pytest.raises(kernels.KernelUnavailable, match="runs on meta"):
         models._use_kernel(elsewhere, "stream")
@@ -282,7 +284,7 @@ def test_the_cpu_kernel_is_never_built_for_a_gpu_or_half_precision_model(kernel_
 
 @pytest.mark.parametrize("device_map", ["cpu", {"": "cpu"}])
 def test_device_map_goes_to_from_pretrained_and_the_model_is_not_moved_after(tmp_path, monkeypatch, device_map):
-    saved = models.tiny_random_model("llama", seed=2)
+    saved = tiny_random_model("llama", seed=2)
     saved.save_pretrained(tmp_path)
     original, asked = models.AutoModelForCausalLM.from_pretrained, []
 
@@ -319,7 +321,7 @@ def test_the_harness_passes_the_device_map_to_the_loader(tmp_path, monkeypatch):
         fake_gpu(gpu)
         assert settings_of_a_job(gpu, tiny_job(tmp_path / "gpu")).device == "cuda:0"
         mapped = settings_of_a_job(gpu, tiny_job(tmp_path / "gpu", "model.device_map=cpu"))
-        assert (mapped.device, mapped.device_name) == ("cpu", models.device_name("cpu"))
+        assert (mapped.device, mapped.device_name) == ("cpu", device_name("cpu"))
     load, asked = runner.model_loader.load_model, []
 
     def spy(spec, **kwargs):

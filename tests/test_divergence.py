@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from lookahead_core import LOGIT_TOLERANCE, DecodeLimits, Divergence, decode, divergence
-from experiments.models.loader import tiny_random_model
+from experiments.models.tiny import tiny_random_model
 
 PROMPT = [5, 17, 3, 99, 42, 8, 61, 5, 17, 30]
 NEW = 24

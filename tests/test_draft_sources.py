@@ -15,7 +15,7 @@ from experiments.config.errors import ConfigError
 from experiments.config.schema import register_configs
 from experiments.config.settings import to_settings
 from experiments.data.datasets import repo_root
-from experiments.models.loader import tiny_random_model
+from experiments.models.tiny import tiny_random_model
 from lookahead_core import DecodeLimits, LookaheadConfig, decode
 from lookahead_core.config import config_label
 from lookahead_core.cost.grid import default_grid

@@ -302,7 +302,7 @@ def test_recycle_window_refreshes_successors_from_every_window_row(monkeypatch):
     """With recycle_window the successor table learns from every row a windowed step fed (lower
     window levels too), without it only from the input, last-level and tree rows."""
     from lookahead_core import DecodeLimits, LookaheadConfig, decode
-    from experiments.models.loader import tiny_random_model
+    from experiments.models.tiny import tiny_random_model
 
     model = tiny_random_model("llama", seed=3)
     prompt = torch.randint(0, model.config.vocab_size, (24,), generator=torch.Generator().manual_seed(0)).tolist()

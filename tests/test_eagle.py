@@ -14,7 +14,7 @@ from lookahead_core.config import config_label
 from lookahead_core.drafts import StepOutcome
 from lookahead_core.eagle import EagleDrafter, EagleSource
 from lookahead_core.sources import SOURCES, register_source, unregister_source
-from experiments.models.loader import tiny_random_model
+from experiments.models.tiny import tiny_random_model
 from test_medusa import OutcomeSpy, prompt_for, refused_in_one_line, resumes_from_step_6_to_9
 from tiny_families import tiny_family_model
 

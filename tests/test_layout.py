@@ -69,14 +69,14 @@ def test_layout_matches_cell_by_cell_reference(window, levels, parents):
     assert layout.last_level_rows.tolist() == last
     assert layout.tree_rows.tolist() == [i for i, r in enumerate(rows) if r[0] == "node"]
     # Row 0 predicts the input token's children, node i's row the children of node i.
-    assert layout.logit_rows[layout.tree_logits].tolist() == [0, *layout.tree_rows.tolist()]
-    assert layout.logit_rows[layout.last_level_logits].tolist() == last
+    assert layout.logit_rows[layout.tree_picks].tolist() == [0, *layout.tree_rows.tolist()]
+    assert layout.logit_rows[layout.last_level_picks].tolist() == last
     # recycle_window: every row keeps its logits; the mask, positions and row roles do not change.
     every = step_layout(window, levels, parents, True)
     assert every.logit_rows.tolist() == list(range(layout.size))
     assert torch.equal(every.visible, layout.visible) and torch.equal(every.offsets, layout.offsets)
-    assert every.logit_rows[every.tree_logits].tolist() == [0, *layout.tree_rows.tolist()]
-    assert every.logit_rows[every.last_level_logits].tolist() == last
+    assert every.logit_rows[every.tree_picks].tolist() == [0, *layout.tree_rows.tolist()]
+    assert every.logit_rows[every.last_level_picks].tolist() == last
 
 
 def test_reference_example_w4_n3_g2():
@@ -161,7 +161,7 @@ def test_prune_tree_keeps_the_best_nodes_and_their_ancestors():
 
 def test_no_drafts_verifies_from_the_input_row():
     layout = step_layout(0, 0, ())
-    assert layout.size == 1 and layout.logit_rows.tolist() == [0] and layout.tree_logits.tolist() == [0]
+    assert layout.size == 1 and layout.logit_rows.tolist() == [0] and layout.tree_picks.tolist() == [0]
 
 
 def test_a_parent_must_come_before_its_child():

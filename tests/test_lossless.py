@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from lookahead_core import DecodeLimits, DecodeState, LookaheadConfig, NGramPool, decode
-from experiments.models.loader import tiny_random_model
+from experiments.models.tiny import tiny_random_model
 
 ARCHS = ("llama", "mistral", "qwen2", "gemma3")
 NEW = 48

@@ -15,7 +15,7 @@ import torch
 from lookahead_core import CausalLM, DecodeLimits, LookaheadConfig, SamplingConfig, decode, decode_batch
 from lookahead_core.medusa import MedusaHeads, MedusaSource, for_model, load_heads, medusa_tree, save_heads
 from lookahead_core.sources import SOURCES, register_source, unregister_source
-from experiments.models.loader import tiny_random_model
+from experiments.models.tiny import tiny_random_model
 from tiny_families import tiny_family_model
 
 FAMILIES = ["llama", "mistral", "qwen2", "gemma2", "gpt2", "gpt_neox", "phi3", "opt", "cohere", "falcon_rotary"]

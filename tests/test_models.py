@@ -15,7 +15,6 @@ import torch
 from experiments.models import loader as models
 from experiments.models.loader import (
     OFFLINE_MODELS,
-    TINY_ARCHS,
     ChecksumError,
     GGUFPart,
     MissingPackageError,
@@ -23,9 +22,9 @@ from experiments.models.loader import (
     cache_is_valid,
     load_model,
     load_offline_model,
-    tiny_random_model,
     verified_gguf,
 )
+from experiments.models.tiny import TINY_ARCHS, tiny_random_model
 
 PROMPT = torch.tensor([[5, 17, 3, 99, 42, 8, 61, 5, 17, 30]])
 

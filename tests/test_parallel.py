@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from experiments.models.loader import tiny_random_model
+from experiments.models.tiny import tiny_random_model
 from lookahead_core import CausalLM
 from lookahead_core.parallel import Shards, shard_rows
 from lookahead_core.layout import chains, step_layout

@@ -31,7 +31,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from experiments.models.loader import tiny_random_model
+from experiments.models.tiny import tiny_random_model
 from lookahead_core import parallel
 from lookahead_core.parallel import ParallelError, ShardedLM
 

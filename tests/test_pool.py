@@ -39,7 +39,7 @@ def test_add_from_sequence_inserts_each_ngram_once():
 
 
 def test_window_warms_up_then_harvests_columns_and_shifts():
-    win = JacobiWindow(window=3, ngram=4, prompt=[9], seed=0)
+    win = JacobiWindow(width=3, ngram=4, prompt=[9], seed=0)
     assert win.levels == [[9, 9]]                          # level 0: W-1 tokens drawn from the prompt
     assert win.update(input_token=1, new_tokens=[10, 11, 12]) == []
     assert win.update(input_token=1, new_tokens=[20, 21, 22]) == []
@@ -50,7 +50,7 @@ def test_window_warms_up_then_harvests_columns_and_shifts():
 
 
 def test_window_n2_is_plain_jacobi():
-    win = JacobiWindow(window=3, ngram=2, prompt=[4, 5], seed=1)
+    win = JacobiWindow(width=3, ngram=2, prompt=[4, 5], seed=1)
     assert win.full
     level0 = list(win.levels[0])
     assert win.update(input_token=8, new_tokens=[1, 2, 3]) == [(8, 1), (level0[0], 2), (level0[1], 3)]

@@ -11,7 +11,7 @@ import torch
 from transformers import GPT2Config, LlamaConfig, MptConfig, PretrainedConfig
 
 from lookahead_core import DecodeLimits, LookaheadConfig, decode
-from experiments.models.loader import tiny_random_model
+from experiments.models.tiny import tiny_random_model
 from lookahead_core.layout import Draft, build_tree, cut_tree
 from lookahead_core.positions import StepFit, fit_step, position_limit
 from tiny_families import tiny_family_model

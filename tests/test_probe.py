@@ -8,7 +8,7 @@ import torch
 
 from lookahead_core import CausalLM, DecodeLimits, LookaheadConfig, UnsupportedModelError, decode, probe
 from lookahead_core import capability as probe_module
-from experiments.models.loader import tiny_random_model
+from experiments.models.tiny import tiny_random_model
 from lookahead_core.capability import branching, run_probe
 from tiny_families import PASSING, REFUSED, tiny_family_model
 

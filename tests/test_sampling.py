@@ -8,7 +8,7 @@ from scipy.stats import chi2
 
 import lookahead_core.decoder as decoder_module
 from lookahead_core import DecodeLimits, LookaheadConfig, SamplingConfig, decode
-from experiments.models.loader import tiny_random_model
+from experiments.models.tiny import tiny_random_model
 from lookahead_core.verify import make_verifier, make_warper, sampling_probs, walk_tree
 
 VOCAB, DEPTH, DRAWS = 5, 3, 2000

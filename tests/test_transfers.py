@@ -26,7 +26,7 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from experiments.models.loader import tiny_random_model
+from experiments.models.tiny import tiny_random_model
 from lookahead_core import (CausalLM, DecodeLimits, DecodeState, LookaheadConfig, NGramPool, SamplingConfig, decode,
                             decode_batch)
 from lookahead_core import decoder as decoder_module

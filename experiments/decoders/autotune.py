@@ -38,6 +38,7 @@ from tqdm import tqdm
 from lookahead_core import cost as cm
 from lookahead_core import decode
 from lookahead_core.config import DecodeLimits, LookaheadConfig, SamplingConfig, config_fields, config_label
+from lookahead_core.capability import device_name
 from lookahead_core.drafts import Bins, Counts, DraftStats
 
 CACHE_FORMAT = 1           # bump when what a cached file means changes (its tags, its fields)
@@ -392,24 +393,13 @@ def _slug(fields: dict) -> str:
     return f"{safe[:80]}_{digest}"
 
 
-def device_name(device) -> str:
-    """``cuda:<GPU name>`` or ``cpu:<processor name>``: a latency curve belongs to the chip, not
-    to the device type."""
-    import torch
-
-    from experiments.models.loader import device_name as chip   # the one helper rows and results files use
-
-    device = torch.device(device)
-    return f"{device.type}:{chip(device) if device.type in ('cuda', 'cpu') else chip('cpu')}"
-
-
 @dataclass(frozen=True)
 class CurveKey:
     """What a forward's latency depends on, hence what a cached curve is keyed by."""
 
     model: str
     dtype: str
-    device: str          # device_name(): the chip
+    device: str          # "<device type>:<device_name()>": a curve belongs to the chip, not to the device type
     threads: int         # torch intra-op threads
     attention: str
     batch: int
@@ -422,7 +412,8 @@ class CurveKey:
 
         from lookahead_core.kernels import linear_kernel
 
-        return cls(model, str(lm.model.dtype).removeprefix("torch."), device_name(lm.device),
+        chip = lm.device if lm.device.type in ("cuda", "cpu") else torch.device("cpu")
+        return cls(model, str(lm.model.dtype).removeprefix("torch."), f"{lm.device.type}:{device_name(chip)}",
                    torch.get_num_threads(), lm.attention, batch, cm.kv_bucket(kv_length), linear_kernel(lm.model))
 
     def path(self, root: Path) -> Path:

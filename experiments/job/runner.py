@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import statistics
 import time
 from collections import Counter
@@ -37,7 +36,7 @@ from tqdm import tqdm
 
 from lookahead_core import CausalLM, DecodeLimits, DecodeState, SamplingConfig, divergence
 from lookahead_core import kernels
-from lookahead_core.capability import attention_verdict, branching, probe
+from lookahead_core.capability import attention_verdict, branching, device_name, probe
 from lookahead_core.decoder import ForwardClock
 from experiments.models import loader as model_loader
 
@@ -51,6 +50,7 @@ from experiments.data.templates import get_prompt_template
 from experiments.config.schema import DEVICE_MAPS, LinearKernel
 from experiments.config.settings import RunSettings, load_items, plan, with_eos
 from experiments.models.tiny_tokenizer import ByteTokenizer
+from experiments.rows.provenance import git_commit
 
 WARMUP_TOKENS = 16
 
@@ -127,7 +127,7 @@ def placed(settings: RunSettings) -> RunSettings:
     mapped = settings.model.device_map          # a device_map naming one device is where the model is
     requested = mapped if mapped not in (None, *DEVICE_MAPS) else settings.device
     device = model_loader.job_device(requested, dtype=settings.model.dtype.value, spec=settings.model.spec)
-    return replace(settings, device=str(device), device_name=model_loader.device_name(device))
+    return replace(settings, device=str(device), device_name=device_name(device))
 
 
 def _join(settings: RunSettings) -> bool:
@@ -623,25 +623,6 @@ def eos_token_ids(model: Any, tokenizer: Any, extra: Iterable[int]) -> tuple[int
     for source in sources:
         ids += [source] if isinstance(source, int) else list(source or [])
     return tuple(dict.fromkeys(ids))
-
-
-def git_commit(root: Path) -> str:
-    """Short hash of the checkout's HEAD, read from ``.git`` (no git process); "unknown" elsewhere."""
-    git = root / ".git"
-    try:
-        if git.is_file():  # a worktree: ".git" names the real git directory
-            git = (root / git.read_text().split(":", 1)[1].strip()).resolve()
-        common = (git / (git / "commondir").read_text().strip()).resolve() if (git / "commondir").is_file() else git
-        head = (git / "HEAD").read_text().strip()
-        if head.startswith("ref: "):
-            ref = head[len("ref: "):]
-            loose = common / ref
-            packed = (common / "packed-refs").read_text() if (common / "packed-refs").is_file() else ""
-            matches = [line.split()[0] for line in packed.splitlines() if line.endswith(" " + ref)]
-            head = loose.read_text().strip() if loose.is_file() else (matches[0] if matches else "")
-    except OSError:
-        return "unknown"
-    return head[:7] if re.fullmatch(r"[0-9a-f]{40}", head) else "unknown"
 
 
 # ---------------------------------------------------------------------------------------------

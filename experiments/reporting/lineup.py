@@ -48,7 +48,7 @@ from experiments.rows.store import sidecar
 from lookahead_core.config import LookaheadConfig, config_label
 
 HF_GREEDY, CORE_GREEDY = "hf_greedy", "core_greedy"
-PAIR = ["dataset", "item_id"]
+PAIR_WITH_CORE = ["dataset", "item_id"]   # a core decoder's row meets core_greedy's on these
 
 # The paper's linear lookahead: every other LookaheadConfig field (token trees, the draft sources,
 # budgets, costs) extends it.
@@ -93,7 +93,7 @@ def summarize(df: pd.DataFrame, baseline: str = HF_GREEDY) -> pd.DataFrame:
     base = df[df["decoder"] == baseline]
     base_row = report.summarize_decoder(tuple(base[report.GROUP].iloc[0]), base, base) if len(base) else None
     rows = ([base_row] if base_row else []) + table.to_dict("records")
-    core = df[df["decoder"] == CORE_GREEDY][[*PAIR, "decode_s"]]
+    core = df[df["decoder"] == CORE_GREEDY][[*PAIR_WITH_CORE, "decode_s"]]
     out = []
     for row in rows:
         group = df[df["decoder"] == row["decoder"]]
@@ -105,7 +105,7 @@ def summarize(df: pd.DataFrame, baseline: str = HF_GREEDY) -> pd.DataFrame:
         if row["decoder"] == baseline:
             row.update(speedup_median=1.0, speedup_e2e=1.0, speedup=1.0)
         if first["family"] == "core" and len(core):
-            paired = group.merge(core, on=PAIR, suffixes=("", "_core"))
+            paired = group.merge(core, on=PAIR_WITH_CORE, suffixes=("", "_core"))
             row["speedup_vs_core"] = paired["decode_s_core"].sum() / paired["decode_s"].sum()
         row["match_hf_greedy"] = 1.0 if row["decoder"] == baseline else row["matches_greedy"]
         out.append(row)
@@ -141,7 +141,7 @@ def predicted_vs_measured(df: pd.DataFrame, calibration: dict) -> pd.DataFrame:
     from lookahead_core import cost as cm
 
     cost = cm.CostModel.from_rows(calibration["latency"])
-    core = df[df["decoder"] == CORE_GREEDY][[*PAIR, "decode_s"]]
+    core = df[df["decoder"] == CORE_GREEDY][[*PAIR_WITH_CORE, "decode_s"]]
     auto = calibration.get("chosen")
     greedy_host = candidates["greedy"]["host_ms_per_step"] / 1e3 if "greedy" in candidates else None
     out = []
@@ -157,7 +157,7 @@ def predicted_vs_measured(df: pd.DataFrame, calibration: dict) -> pd.DataFrame:
         accepted_total = int(group["new_tokens"].sub(1).sum())
         accepted = [accepted_total / len(step_tokens)] * len(step_tokens)
         host = calib["host_ms_per_step"] / 1e3 if calib is not None else greedy_host
-        paired = group.merge(core, on=PAIR, suffixes=("", "_core"))
+        paired = group.merge(core, on=PAIR_WITH_CORE, suffixes=("", "_core"))
         out.append({
             "decoder": name, "config": label, "calibration": calib["status"] if calib is not None else "not run",
             "S_calibration": calib["S"] if calibrated else float("nan"),

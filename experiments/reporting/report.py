@@ -29,7 +29,7 @@ from experiments.rows.store import sidecar
 from experiments.grading.metrics import ROUGE_TYPES, bootstrap_ci, pass_at_k_report
 
 GROUP = ["experiment", "model", "device", "dtype", "config", "settings"]
-PAIR = ["item_id", "turn", "seed"]
+PAIR_WITH_BASELINE = ["item_id", "turn", "seed"]   # a decoder's row meets its baseline's on these
 BOOL_COLUMNS = ["baseline", "prompt_pool", "pool_only", "matches_greedy", "passed"]
 TEXT_COLUMNS = ["experiment", "dataset", "item_id", "batch_items", "category", "model", "decoder", "family", "config",
                 "settings", "assistant", "params", "git_commit", "text", "diff_verdict", "sandbox", "step_log",
@@ -147,7 +147,7 @@ def summarize_decoder(keys: tuple, base: pd.DataFrame, tested: pd.DataFrame) -> 
     )
     row.update(_quality(tested, suffix=""))
     if not tested["baseline"].fillna(False).all():
-        paired = tested.merge(base, on=PAIR, suffixes=("", "_base"))
+        paired = tested.merge(base, on=PAIR_WITH_BASELINE, suffixes=("", "_base"))
         row.update(
             against=base["decoder"].iloc[0] if len(base) else None,
             tok_s_base=_ratio(paired["new_tokens_base"].sum(), paired["decode_s_base"].sum()),
@@ -555,7 +555,7 @@ def leaderboard(df: pd.DataFrame) -> pd.DataFrame:
     base = df[df["baseline"].fillna(False)]
     lines = []
     for decoder, rows in df[~df["baseline"].fillna(False)].groupby("decoder", sort=False):
-        paired = rows.merge(base, on=PAIR, suffixes=("", "_base"))
+        paired = rows.merge(base, on=PAIR_WITH_BASELINE, suffixes=("", "_base"))
         steps = rows["steps"].sum()
         accepted = (rows["new_tokens"] - 1).clip(lower=0).sum() / steps if steps else 1.0
         for label, speedup in ((SPEC_BENCH_SPEEDUP, spec_bench_speedup), (SUMMED_TIME_SPEEDUP, summed_time_speedup)):

@@ -151,7 +151,8 @@ def _measure(s: AttentionConfig, out: Path, check_compiled) -> None:
     import torch
     import transformers
 
-    from experiments.job.runner import git_commit
+    from experiments.rows.provenance import git_commit
+    from lookahead_core.capability import device_name
     from experiments.models import loader as model_loader
 
     path = out / "rows.csv"
@@ -178,7 +179,7 @@ def _measure(s: AttentionConfig, out: Path, check_compiled) -> None:
     meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
     meta.setdefault("compile_s", []).append(round(compile_s, 1))
     meta.update(model=model_config.name, dtype=model_config.dtype.value, threads=s.threads, kv=list(s.kv),
-                sizes=list(s.sizes), cpu=model_loader.device_name("cpu"), avx512=_avx512(), torch=torch.__version__,
+                sizes=list(s.sizes), cpu=device_name("cpu"), avx512=_avx512(), torch=torch.__version__,
                 transformers=transformers.__version__, git_commit=git_commit(repo_root()),
                 date=time.strftime("%Y-%m-%d"))
     meta_path.write_text(json.dumps(meta, indent=1) + "\n")
