@@ -1,8 +1,9 @@
 """transformers' ``generate`` on this package's decode loop: ``model.generate(..., custom_generate=...)``.
 
-Since 4.56 transformers runs the ``generate`` function of a folder's (or a Hub repository's)
+transformers runs the ``generate`` function of a folder's (or a Hub repository's)
 ``custom_generate/generate.py`` in place of its own loop. The repository's ``hub/`` folder is such a
-folder, and its function is :func:`generate`::
+folder (on the installed package), and ``make hub`` builds the Hub repository, this package vendored
+in it (hub/build.py); both call :func:`generate`::
 
     out = model.generate(**tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left"), max_new_tokens=128,
                          custom_generate="<clone>/hub", trust_remote_code=True, lookahead="auto")
@@ -31,6 +32,9 @@ Options of its own (keyword arguments of ``generate``):
   or the path of a JSON file of its rows (``CostModel.to_rows()``, or a file holding them under
   ``"rows"``, as the harness's calibration cache keeps them).
 * ``lookahead_stats``: a list; each sequence's :class:`DecodeStats` is appended to it.
+
+A GQA model under SDPA decodes under ``lookahead_gqa_sdpa`` (:class:`CausalLM` switches it on the
+first call); each call puts the model's own attention implementation back when it returns.
 
 Greedy output is token-identical to transformers' greedy ``generate`` in float32
 (tests/test_generate.py); sampling draws from the same distribution with other random numbers,

@@ -235,6 +235,35 @@ def test_the_built_hub_folder_loads_as_a_hub_repository_without_the_clone(tmp_pa
     assert report["during"] == ["lookahead_gqa_sdpa"] and report["after"] == "sdpa"
 
 
+def test_the_card_and_requirements_say_what_the_folder_needs_and_was_tested_with(tmp_path):
+    """The built folder's card has transformers' custom_generate sections and a base model; its
+    requirements are the decoder's own (torch as pyproject.toml, transformers as
+    lookahead_core.TRANSFORMERS, one bound a line as transformers' check reads them), nothing a
+    registry does not serve; every vendored module names its source."""
+    import re
+    import tomllib
+
+    from lookahead_core import TRANSFORMERS
+
+    folder = built_hub(tmp_path / "built")
+    card = (folder / "README.md").read_text()
+    assert "custom_generate" in card.split("---")[1] and "base_model:" in card.split("---")[1]
+    for section in ("Base model", "Model compatibility", "Additional arguments", "Output type changes",
+                    "What it changes on the model", "Tested transformers versions"):
+        assert f"\n## {section}\n" in card, section
+    low, high = re.fullmatch(r"transformers>=([\d.]+),<([\d.]+)", TRANSFORMERS).groups()
+    assert f"`transformers>={low}` and `<{high}`" in card and f"transformers {low}.0 (the lower bound" in card
+    torch_requirement = next(r for r in tomllib.loads((repo_root() / "pyproject.toml").read_text())["project"]
+                             ["dependencies"] if r.startswith("torch"))
+    lines = (folder / "custom_generate" / "requirements.txt").read_text().split()
+    assert lines == [torch_requirement, f"transformers>={low}", f"transformers<{high}"]
+    private = set(re.findall(r"model\.(_[a-z_]+)\(", (repo_root() / "lookahead_core" / "generate.py").read_text()))
+    assert private and all(f"`{name}`" in card for name in private), private
+    for module in (folder / "custom_generate").glob("*.py"):
+        source = re.match(r"# Vendored from (lookahead_core/\S+\.py) by `make hub`", module.read_text()).group(1)
+        assert (repo_root() / source).is_file()
+
+
 @pytest.mark.parametrize(("width", "call", "model_default"), [
     (10, {}, {}),                                   # nothing set: 20 new tokens ...
     (30, {}, {}),                                   # ... whatever the input's length
