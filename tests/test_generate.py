@@ -126,7 +126,7 @@ def character_tokenizer():
 
 # Run by a fresh interpreter that cannot import the repository's packages: ``-I -S`` (no site:
 # no .pth file, so not the editable install's finder either), its sys.path the test's less every
-# folder holding lookahead_core or experiments. The base is a GQA model under SDPA.
+# folder holding lookahead_core or experiments, its own Hugging Face home. The base is a GQA model under SDPA.
 FRESH = r"""
 import json, sys, warnings
 sys.path[:] = PATHS
@@ -212,7 +212,9 @@ def test_the_built_hub_folder_loads_as_a_hub_repository_without_the_clone(tmp_pa
     (tmp_path / "curve.json").write_text(json.dumps({"rows": FLAT.to_rows()}))
     rows = prompts(model.config.vocab_size, lengths=(20, 13, 17), seed=1)
     padded, mask = left_padded(rows)
-    paths = [p for p in sys.path if p and not (Path(p) / "lookahead_core").exists() and not (Path(p) / "experiments").exists()]
+    # (less a transformers modules cache an earlier custom_generate call of this process put there too)
+    paths = [p for p in sys.path
+             if p and not any((Path(p) / name).exists() for name in ("lookahead_core", "experiments", "transformers_modules"))]
     script = FRESH
     for name, value in (("PATHS", paths), ("MODEL", str(tmp_path / "model")), ("REPO", "lookahead/decoding"),
                         ("FOLDER", str(folder)), ("CURVE", str(tmp_path / "curve.json")), ("PROMPTS", rows),
@@ -225,6 +227,7 @@ def test_the_built_hub_folder_loads_as_a_hub_repository_without_the_clone(tmp_pa
                          timeout=600, env=env, cwd=tmp_path)
     assert ran.returncode == 0, ran.stderr[-4000:]
     report = json.loads(ran.stdout.strip().splitlines()[-1])
+    print(json.dumps(report, indent=1))                   # the cases and their results (pytest -s shows them)
     assert report["loaded"] == []
     assert len(report["results"]) == 6 and all(equal for equal, _ in report["results"].values()), report["results"]
     assert report["results"]["stop strings"][1] < 40
