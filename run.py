@@ -1,4 +1,4 @@
-"""``python run.py ...`` is ``lookahead-run ...``: see experiments/cli.py and the README."""
+"""``python run.py ...``: the harness's command line, run from the clone's root (experiments/cli.py, the README)."""
 
 from experiments.cli import run
 

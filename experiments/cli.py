@@ -1,10 +1,10 @@
 """The harness's command line: one Hydra job = one model x dataset subset x a list of decoders against one baseline.
 
-    lookahead-run                                        # or python run.py: the demo, HumanEval, SmolLM2, 4 decoders
-    lookahead-run experiment=humaneval 'decoders=[hf_pld,lookahead,auto]'
-    lookahead-run experiment=specbench dataset.limit=130 'decoders=[hf_pld,lookahead,auto]' baseline=hf_greedy
-    lookahead-run -m experiment=humaneval decoding.window=5,10,15 decoding.ngram=3,5
-    lookahead-run -m sweep=smollm2_wn                    # a ready-made grid (conf/sweep/)
+    python run.py                                        # the demo, HumanEval, SmolLM2, 4 decoders
+    python run.py experiment=humaneval 'decoders=[hf_pld,lookahead,auto]'
+    python run.py experiment=specbench dataset.limit=130 'decoders=[hf_pld,lookahead,auto]' baseline=hf_greedy
+    python run.py -m experiment=humaneval decoding.window=5,10,15 decoding.ngram=3,5
+    python run.py -m sweep=smollm2_wn                    # a ready-made grid (conf/sweep/)
 
 The config is validated before torch or transformers are imported: a bad override, a missing data
 file or a missing model package fails at once, in one line naming the key. Parallel jobs on one
@@ -100,6 +100,6 @@ def _shell(arg: str) -> str:
 
 
 def run() -> None:
-    """``lookahead-run`` and ``python run.py``: Hydra's command line over ``conf/``."""
+    """``python run.py``: Hydra's command line over ``conf/``."""
     precheck(sys.argv[1:])
     main()

@@ -48,7 +48,13 @@ holding ``config.json`` and ``model.safetensors`` or ``pytorch_model.bin``:
   absent: :func:`default_layer_ids`); ``fc.weight`` (H x kH), ``midlayer.*``, ``norm.weight``,
   ``lm_head.weight``;
 * EAGLE-3, vLLM speculators' ``Eagle3Speculator``: ``transformer_layer_config``, the layer ids counted
-  as hidden-state indices, ``layers.0.*`` for ``midlayer.*``, ``embed_tokens.weight``.
+  as hidden-state indices (id L, the layer count: the last layer's output before the final norm),
+  ``layers.0.*`` for ``midlayer.*``, ``embed_tokens.weight``.
+
+In every layout the output of layer i is the residual stream after it, before any final norm (the
+step reads the last layer's through :func:`lookahead_core.model_io.last_layer_output`:
+transformers' ``hidden_states[L]`` is after the final norm). A dense EAGLE-1/2 layer for a
+mixture-of-experts base is refused (docs/eagle.md lists what is not served and why).
 
 A draft vocabulary travels as ``d2t`` (the token of draft index i is i + d2t[i]) and ``t2d`` (which
 tokens are drafted); hidden size, vocabulary, layer ids and shapes are checked against the base.
@@ -632,8 +638,17 @@ def _load_into(directory: Path, module: nn.Module, state: dict, owner: str) -> N
     module.load_state_dict(state)
 
 
+EXPERTS = ("num_local_experts", "num_experts", "n_routed_experts")    # a mixture-of-experts base's config keys
+
+
 def _load_eagle(directory: Path, config: dict, state: dict, model: nn.Module) -> EagleDrafter:
     _fits_base(directory, config, model)
+    base = _text_config(model.config)
+    experts = next(((key, getattr(base, key)) for key in EXPERTS if getattr(base, key, None)), None)
+    if experts and not any("expert" in key for key in state if key.startswith("layers.0.")):
+        raise _refuse(directory, f"is a dense layer for a mixture-of-experts base ({type(model).__name__}, "
+                                 f"{experts[0]}={experts[1]}): EAGLE-1/2's layer is the base's own, experts "
+                                 "included, so a dense one is not served (docs/eagle.md, What is not served)")
     vocab = _draft_vocab(directory, config, state, _text_config(model.config).vocab_size)
     drafter = EagleDrafter(model, bias="fc.bias" in state, vocab=vocab)
     _same_as_base(directory, state, "embed_tokens.weight", drafter.embed.weight)
@@ -651,7 +666,9 @@ def _load_eagle3(directory: Path, config: dict, state: dict, model: nn.Module, s
         layer = dict(config.get("transformer_layer_config") or {})
         if layer.get("model_type", "llama") != "llama":
             raise _refuse(directory, f"has a {layer['model_type']} layer; EAGLE-3's Llama layer is served")
-        ids = config.get("eagle_aux_hidden_state_layer_ids")       # counted as inputs of layers: hidden_states
+        # counted as the residual stream before layer i (i = L: after the last layer, before the final
+        # norm): the outputs of layers i - 1, as the other layouts count them (CausalLM.feature_layers)
+        ids = config.get("eagle_aux_hidden_state_layer_ids")
         ids = None if ids is None else [i - 1 for i in ids]
         state = {("midlayer." + k[len("layers.0."):] if k.startswith("layers.0.") else k): v for k, v in state.items()}
         layer |= {k: config[k] for k in ("draft_vocab_size", "target_hidden_size") if k in config}

@@ -1,8 +1,9 @@
 """transformers' ``generate`` on this package's decode loop: ``model.generate(..., custom_generate=...)``.
 
-Since 4.56 transformers runs the ``generate`` function of a folder's (or a Hub repository's)
+transformers runs the ``generate`` function of a folder's (or a Hub repository's)
 ``custom_generate/generate.py`` in place of its own loop. The repository's ``hub/`` folder is such a
-folder, and its function is :func:`generate`::
+folder (on the installed package), and ``make hub`` builds the Hub repository, this package vendored
+in it (hub/build.py); both call :func:`generate`::
 
     out = model.generate(**tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left"), max_new_tokens=128,
                          custom_generate="<clone>/hub", trust_remote_code=True, lookahead="auto")
@@ -32,6 +33,9 @@ Options of its own (keyword arguments of ``generate``):
   ``"rows"``, as the harness's calibration cache keeps them).
 * ``lookahead_stats``: a list; each sequence's :class:`DecodeStats` is appended to it.
 
+A GQA model under SDPA decodes under ``lookahead_gqa_sdpa`` (:class:`CausalLM` switches it on the
+first call); each call puts the model's own attention implementation back when it returns.
+
 Greedy output is token-identical to transformers' greedy ``generate`` in float32
 (tests/test_generate.py); sampling draws from the same distribution with other random numbers,
 seeded from torch's generator (``torch.manual_seed`` repeats a call with a fixed config; ``auto``'s
@@ -50,11 +54,11 @@ from typing import Any
 
 import torch
 
-from . import cost
+from .cost import CostModel, kv_bucket, sizes_through, step_costs, widest_tree
 from .config import DecodeLimits, LookaheadConfig, SamplingConfig
 from .decoder import DecodeOutput, decode_batch
 from .drafts import DraftStats
-from .model_io import CausalLM
+from .model_io import GQA_SDPA, CausalLM
 
 PAPER = LookaheadConfig(window=15, ngram=5, guess=15)
 PRESETS = ("auto", "lookahead", "greedy")
@@ -77,21 +81,65 @@ _SAMPLING_PROCESSORS = ("TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogi
 @dataclass
 class _ModelState:
     """What this process keeps per model between calls: its CausalLM (inspected once), ``auto``'s
-    latency curves per KV bucket and the draft acceptance learnt so far."""
+    latency curves per KV bucket and the draft acceptance learnt so far; and the attention
+    implementation ``CausalLM`` switched the model to (``switched``: each config it changed, with
+    the value before and the one the decoder runs under), put back after every call."""
 
     lm: CausalLM
-    curves: dict[int, cost.CostModel] = field(default_factory=dict)
+    switched: list[tuple[Any, Any, Any]] = field(default_factory=list)
+    curves: dict[int, CostModel] = field(default_factory=dict)
     prior: DraftStats = field(default_factory=DraftStats)
+
+    def attend(self, decoding: bool) -> None:
+        """The decoder's attention implementation on the model (``decoding``), or the model's own:
+        the configs' values set back as ``set_attn_implementation`` left them (a few attributes:
+        the first switch, which walks every module, is not repeated per call)."""
+        for config, before, during in self.switched:
+            config._attn_implementation_internal = during if decoding else before
 
 
 _STATES: weakref.WeakKeyDictionary[torch.nn.Module, _ModelState] = weakref.WeakKeyDictionary()
+
+
+def _state(model: torch.nn.Module) -> _ModelState:
+    """The model's state, made on its first call, or again when its attention implementation was
+    changed since (the decoder inspects the model as it is)."""
+    state = _STATES.get(model)
+    if state is not None and state.lm.attention == _own_attention(model) \
+            and all(c._attn_implementation_internal == before for c, before, _ in state.switched):
+        return state
+    configs = _configs(model)
+    before = [c._attn_implementation_internal for c in configs]
+    lm = CausalLM(model)
+    switched = [(c, b, c._attn_implementation_internal) for c, b in zip(configs, before)
+                if c._attn_implementation_internal != b]
+    _STATES[model] = state = _ModelState(lm, switched)
+    state.attend(False)
+    return state
+
+
+def _configs(model: torch.nn.Module) -> list:
+    """Every config object the model and its sub-models read the attention implementation from."""
+    found, todo = {}, [m.config for m in model.modules() if hasattr(getattr(m, "config", None), "sub_configs")]
+    while todo:
+        config = todo.pop()
+        if id(config) not in found:
+            found[id(config)] = config
+            todo += [sub for key in config.sub_configs if hasattr(sub := getattr(config, key, None), "sub_configs")]
+    return list(found.values())
+
+
+def _own_attention(model: torch.nn.Module) -> str:
+    """The model's attention implementation as ``CausalLM.attention`` names it."""
+    attention = getattr(model.config, "_attn_implementation", None) or "eager"
+    return "sdpa" if attention == GQA_SDPA else attention
 
 
 def generate(model, inputs: torch.Tensor | None = None, generation_config=None, logits_processor=None,
              stopping_criteria=None, prefix_allowed_tokens_fn=None, synced_gpus=None, assistant_model=None,
              streamer=None, negative_prompt_ids=None, negative_prompt_attention_mask=None, *,
              lookahead: str | LookaheadConfig | Mapping[str, Any] | None = None,
-             latency_curve: cost.CostModel | str | os.PathLike | None = None, lookahead_stats: list | None = None,
+             latency_curve: CostModel | str | os.PathLike | None = None, lookahead_stats: list | None = None,
              **kwargs):
     """``model.generate``'s arguments in, its output out, decoded by :func:`decode_batch` (module
     docstring: what is honoured, what is refused, the options of its own)."""
@@ -144,19 +192,19 @@ def generate(model, inputs: torch.Tensor | None = None, generation_config=None, 
     sampling = _sampling(model, gen, width, logits_processor)
     criteria = _criteria(gen, stopping_criteria, tokenizer)
 
-    state = _STATES.get(model)
-    if state is None:
-        state = _STATES[model] = _ModelState(CausalLM(model))
-    prior = None
-    if config == "auto":
-        config = cost.widest_tree(_curve(state, prompts, max_new, latency_curve))
-        prior = state.prior
+    state = _state(model)
+    state.attend(True)
     on_token = _on_token(paddings, criteria, streamer)
     if streamer is not None:
         streamer.put(input_ids.cpu())
     try:
+        prior = None
+        if config == "auto":
+            config = widest_tree(_curve(state, prompts, max_new, latency_curve))
+            prior = state.prior
         outs = decode_batch(state.lm, prompts, config, limits, sampling, prior=prior, on_token=on_token)
     finally:
+        state.attend(False)
         if streamer is not None:
             streamer.end()
     if prior is not None:
@@ -184,6 +232,11 @@ def _lookahead_config(option) -> LookaheadConfig | str | None:
     if isinstance(option, LookaheadConfig):
         return option
     if isinstance(option, Mapping):
+        fields = LookaheadConfig.__dataclass_fields__
+        unknown = sorted(str(k) for k in option if k not in fields)
+        if unknown:
+            raise ValueError(f"lookahead generate: `lookahead` has no key `{unknown[0]}` (a LookaheadConfig's "
+                             f"fields: {', '.join(f for f in fields if not f.startswith('_'))})")
         return LookaheadConfig(**option)
     if option == "lookahead":
         return PAPER
@@ -230,19 +283,18 @@ def _sampling(model, gen, width: int, extra) -> SamplingConfig:
 
 
 def _curve(state: _ModelState, prompts: list[list[int]], max_new: int,
-           given: cost.CostModel | None) -> cost.CostModel:
+           given: CostModel | None) -> CostModel:
     """``auto``'s latency curve: the given one, else the one measured in this process for the
     KV length's bucket, else measured now (the sizes the widest tree feeds)."""
     if isinstance(given, (str, os.PathLike)):
         stored = json.loads(Path(given).read_text())
-        return cost.CostModel.from_rows(stored["rows"] if isinstance(stored, dict) else stored)
+        return CostModel.from_rows(stored["rows"] if isinstance(stored, dict) else stored)
     if given is not None:
         return given
-    bucket = cost.kv_bucket(int(sum(map(len, prompts)) / len(prompts) + max_new / 2))
+    bucket = kv_bucket(int(sum(map(len, prompts)) / len(prompts) + max_new / 2))
     if bucket not in state.curves:
-        widest = cost.widest_tree(cost.CostModel(tokens=(1,), seconds=(1.0,)))
-        state.curves[bucket] = cost.step_costs(state.lm, cost.sizes_through(widest.budget), kv_length=bucket,
-                                               one_logit=False)
+        widest = widest_tree(CostModel(tokens=(1,), seconds=(1.0,)))
+        state.curves[bucket] = step_costs(state.lm, sizes_through(widest.budget), kv_length=bucket, one_logit=False)
     return state.curves[bucket]
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import inspect
 import time
 import weakref
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -125,7 +125,9 @@ class CausalLM:
     def feature_layers(self) -> tuple[int, ...]:
         """The base's hidden states a step with ``hidden`` returns, side by side (r, k * H): the last
         (after the final norm: what the LM head reads), then those a drafter fuses (EAGLE-3's
-        ``aux_layers``, indices into ``hidden_states``)."""
+        ``aux_layers``, indices into ``hidden_states``; index L, the layer count, is the last
+        layer's output before the final norm, as every EAGLE-3 layout counts it, where
+        transformers' ``hidden_states[L]`` is after it: :func:`last_layer_output`)."""
         return (-1, *(i for d in self.drafters.values() for i in getattr(d, "aux_layers", ())))
 
     def forward_batch(self, cache: DynamicCache, feeds: list[Feed], hidden: bool = False):
@@ -183,14 +185,16 @@ class CausalLM:
         elif self._keeps_logits:
             first = int(needed[0])
             kwargs["logits_to_keep"] = q - first
-        out = self.model(
-            input_ids=on["input_ids"],
-            position_ids=on["position_ids"],
-            attention_mask=mask,
-            use_cache=True,
-            output_hidden_states=hidden,
-            **kwargs,
-        )
+        layers = self.feature_layers if hidden else (-1,)
+        with last_layer_output(self.model) if len(layers) > 1 else nullcontext() as pre_norm:
+            out = self.model(
+                input_ids=on["input_ids"],
+                position_ids=on["position_ids"],
+                attention_mask=mask,
+                use_cache=True,
+                output_hidden_states=hidden,
+                **kwargs,
+            )
         # Each index goes to the device of what it indexes (a no-op on one device, and under a
         # device_map, whose hooks return the outputs on the device of the inputs).
         kept = self._keeps_logits and not self.spread
@@ -199,9 +203,35 @@ class CausalLM:
             [logits[b, on[f"pick{b}"].to(logits.device)] for b in range(len(feeds))]
         if not hidden:
             return per_feed
-        layers, last = self.feature_layers, out.hidden_states[-1]
-        states = last if len(layers) == 1 else torch.cat([out.hidden_states[i].to(last.device) for i in layers], -1)
+        last, top = out.hidden_states[-1], len(out.hidden_states) - 1
+        states = last if len(layers) == 1 else \
+            torch.cat([(pre_norm[-1] if i == top else out.hidden_states[i]).to(last.device) for i in layers], -1)
         return [(lg, states[b, on[f"rows{b}"].to(states.device)]) for b, lg in enumerate(per_feed)]
+
+
+@contextmanager
+def last_layer_output(model: torch.nn.Module):
+    """During a forward of ``model``, the output of its last decoder layer (``[tensor]``): the
+    residual stream after every layer, before the final norm."""
+    layers = decoder_layers(model)
+    seen: list[torch.Tensor] = []
+    handle = layers[-1].register_forward_hook(
+        lambda module, args, output: seen.append(output[0] if isinstance(output, tuple) else output))
+    try:
+        yield seen
+    finally:
+        handle.remove()
+
+
+def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
+    """The model's list of decoder layers (``layers``, GPT-2's ``h``: the decoder's list of as many
+    modules as the config has layers)."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    for child in model.get_decoder().children():
+        if isinstance(child, torch.nn.ModuleList) and len(child) == config.num_hidden_layers:
+            return child
+    raise ValueError(f"{type(model).__name__} has no list of its {config.num_hidden_layers} decoder layers: "
+                     "its hidden states cannot be read")
 
 
 class ForwardClock:

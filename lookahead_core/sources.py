@@ -68,16 +68,16 @@ class SourceKind:
         return config.size(self.name)
 
     def build(self, config: Any, size: int, context: Any, drafters: dict | None = None) -> Any:
+        drafter = (drafters or {}).get(self.name)
+        if self.drafter and drafter is None:
+            raise ValueError(f"sources={{{self.name!r}: {size}}} drafts with a trained model: pass it as "
+                             f"CausalLM(model, drafters={{{self.name!r}: ...}})")
         factory = self.factory
         if isinstance(factory, str):
             module, _, name = factory.partition(":")
-            factory = getattr(import_module(module), name)
+            factory = getattr(import_module(module, __package__), name)   # ".drafts": this package's
         if not self.drafter:
             return factory.from_config(config, size, context)
-        drafter = (drafters or {}).get(self.name)
-        if drafter is None:
-            raise ValueError(f"sources={{{self.name!r}: {size}}} drafts with a trained model: pass it as "
-                             f"CausalLM(model, drafters={{{self.name!r}: ...}})")
         return factory.from_config(config, size, context, drafter)
 
 
@@ -150,10 +150,10 @@ def label_parts(config: Any) -> list[str]:
     return parts
 
 
-_add(SourceKind("suffix", "sfx", "lookahead_core.drafts:SuffixSource", before_pool=True))
-_add(SourceKind("recycle", "rc", "lookahead_core.drafts:RecycleSource", flags=(("recycle_window", "rw"),)))
+_add(SourceKind("suffix", "sfx", ".drafts:SuffixSource", before_pool=True))
+_add(SourceKind("recycle", "rc", ".drafts:RecycleSource", flags=(("recycle_window", "rw"),)))
 # Trained drafters (lookahead_core/medusa.py and eagle.py, which need torch): registered here by name so that a
 # config naming them validates without importing torch.
-_add(SourceKind("medusa", "md", "lookahead_core.medusa:MedusaSource", drafter=True, hidden=True))
-_add(SourceKind("eagle", "eg", "lookahead_core.eagle:EagleSource", drafter=True, features=True))
+_add(SourceKind("medusa", "md", ".medusa:MedusaSource", drafter=True, hidden=True))
+_add(SourceKind("eagle", "eg", ".eagle:EagleSource", drafter=True, features=True))
 BUILT_IN = frozenset(SOURCES)

@@ -13,14 +13,17 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
-from experiments.data.datasets import repo_root
-from experiments.models.tiny import tiny_random_model
-from lookahead_core import CausalLM, DecodeLimits, LookaheadConfig, decode_batch
-from lookahead_core.generate import generate
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))       # the harness runs from the clone
+from experiments.data.datasets import repo_root  # noqa: E402
+from experiments.models.tiny import tiny_random_model  # noqa: E402
+from lookahead_core import CausalLM, DecodeLimits, LookaheadConfig, decode_batch  # noqa: E402
+from lookahead_core.generate import generate  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:

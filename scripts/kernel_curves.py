@@ -17,15 +17,17 @@ it for Qwen2.5-Coder-0.5B (``--models qwen25_coder_05b --threads 1 --out results
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import pandas as pd
 import torch
 
-from experiments.models.loader import load_model
-from experiments.reporting.tables import markdown
-from lookahead_core.capability import device_name
-from lookahead_core.cost.curve import measure_latency
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))       # the harness runs from the clone
+from experiments.models.loader import load_model  # noqa: E402
+from lookahead_core.capability import device_name  # noqa: E402
+from experiments.reporting.tables import markdown  # noqa: E402
+from lookahead_core.cost.curve import measure_latency  # noqa: E402
 
 SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 32)
 

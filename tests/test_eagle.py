@@ -318,6 +318,18 @@ def test_a_checkpoint_whose_weights_do_not_fit_is_refused(tmp_path):
         load_drafter(tmp_path / "nothing", model)
 
 
+def test_a_dense_eagle1_layer_for_a_mixture_of_experts_base_is_refused_naming_why(tmp_path):
+    """EAGLE-1/2's layer is the base's own architecture; Mixtral's published drafter is a dense
+    (Llama) layer, which a Mixtral base's layer (its experts) is not: refused, saying so."""
+    from lookahead_core.eagle import load_drafter
+
+    mixtral, llama = tiny_family_model("mixtral", seed=8), tiny_family_model("llama", seed=8)
+    write_official(tmp_path / "dense", mixtral, drafter_for(llama, "random"), embed=False)
+    with pytest.raises(ValueError, match=r"dense layer for a mixture-of-experts base \(MixtralForCausalLM, "
+                                         r"num_local_experts=4\).*not served"):
+        load_drafter(tmp_path / "dense", mixtral)
+
+
 # ---------------------------------------------------------------------------------------------
 # Training here: python -m experiments.tools.eagle
 

@@ -85,11 +85,68 @@ def test_the_step_hands_the_last_layer_and_the_fused_layers_side_by_side():
         out = decode(lm, prompt, config, DecodeLimits(max_new_tokens=30))
         with torch.inference_mode():
             states = model(torch.tensor([prompt + out.tokens]), output_hidden_states=True).hidden_states
-        full = torch.cat([states[i][0] for i in lm.feature_layers], -1)
+        stream = residual_stream(model, prompt + out.tokens)          # layer 4's output (id 5 = L): before the norm
+        full = torch.cat([states[-1][0], stream[1], stream[3], stream[5]], -1)
         for context, hidden, features in OutcomeSpy.seen:
             first = len(context) - 1 - len(features)
             torch.testing.assert_close(features, full[first:len(context) - 1], atol=1e-5, rtol=1e-5)
             torch.testing.assert_close(hidden, states[-1][0][len(context) - 2], atol=1e-5, rtol=1e-5)
+        assert len(OutcomeSpy.seen) > 3
+    finally:
+        unregister_source("fspyx")
+
+
+def residual_stream(model, tokens: list[int]) -> list[torch.Tensor]:
+    """The states EAGLE-3 fuses, by the published definition (EAGLE's own code, SpecForge, vLLM
+    speculators: ``eagle_aux_hidden_state_layer_ids`` index them): state i is the residual stream
+    entering decoder layer i (0: the embeddings as the model feeds them), state L the stream leaving
+    the last layer; none is after the final norm. Read from the layers' own inputs and output."""
+    layers = model.model.layers
+    seen = []
+    hooks = [layer.register_forward_pre_hook(lambda m, args, kwargs: seen.append(args[0] if args else kwargs["hidden_states"]),
+                                             with_kwargs=True) for layer in layers]
+    hooks.append(layers[-1].register_forward_hook(lambda m, args, out: seen.append(out[0] if isinstance(out, tuple) else out)))
+    try:
+        with torch.inference_mode():
+            model(torch.tensor([tokens]))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return [state[0] for state in seen]
+
+
+def test_a_speculators_layer_id_at_the_layer_count_reads_the_state_before_the_final_norm(tmp_path):
+    """Issue 62: a speculators checkpoint fusing hidden state L (the layer count) read transformers'
+    ``hidden_states[L]``, which is after the final norm. The step now hands the drafter the
+    published definition's states (:func:`residual_stream`), and the tree stays lossless."""
+    register_source("fspyx", label="fspyx", features=True)(OutcomeSpy)
+    try:
+        OutcomeSpy.seen = []
+        model = tiny_random_model("llama", seed=8, num_hidden_layers=6)
+        layers = model.config.num_hidden_layers
+        original = Eagle3Drafter(model, eagle3_config(model, 40), (0, 2, layers - 1), vocab=list(range(3, 123, 3)))
+        write_layout(tmp_path / "spec", model, original, "speculators")
+        config = json.loads((tmp_path / "spec" / "config.json").read_text())
+        assert config["eagle_aux_hidden_state_layer_ids"] == [1, 3, layers]
+        drafter = load_drafter(tmp_path / "spec", model)
+        lm = CausalLM(model, drafters={"eagle": drafter})
+        assert drafter.aux_layers == (1, 3, layers) and lm.feature_layers == (-1, 1, 3, layers)
+        prompt = prompt_for(128, 9)
+        run = dataclasses.replace(EAGLE, sources={"eagle": 6, "fspyx": 1})
+        out = decode(lm, prompt, run, DecodeLimits(max_new_tokens=NEW))
+        assert out.tokens == decode(model, prompt, None, DecodeLimits(max_new_tokens=NEW)).tokens
+        text = prompt + out.tokens
+        stream = residual_stream(model, text)
+        with torch.inference_mode():
+            after_norm = model(torch.tensor([text]), output_hidden_states=True).hidden_states
+        assert not torch.allclose(after_norm[layers][0], stream[layers], atol=1e-2)   # what was read before
+        reference = torch.cat([after_norm[-1][0], stream[1], stream[3], stream[layers]], -1)
+        for context, _, features in OutcomeSpy.seen:
+            first = len(context) - 1 - len(features)
+            torch.testing.assert_close(features, reference[first:len(context) - 1], atol=1e-5, rtol=1e-5)
+            with torch.inference_mode():          # the published fusion: fc over the three states side by side
+                fused = original.fc(reference[first:len(context) - 1, model.config.hidden_size:])
+                torch.testing.assert_close(drafter.from_base(features), fused, atol=1e-5, rtol=1e-5)
         assert len(OutcomeSpy.seen) > 3
     finally:
         unregister_source("fspyx")

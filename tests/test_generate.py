@@ -9,7 +9,11 @@ loop cannot serve is refused naming the option; and the folder loads through tra
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import shutil
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -97,6 +101,171 @@ def test_the_hub_folder_runs_through_transformers_custom_generate():
     assert torch.equal(out.sequences, reference) and out.scores is None
     with pytest.raises(ValueError, match="trust_remote_code"):
         model.generate(ids, custom_generate=HUB, **kwargs)
+
+
+def built_hub(out) -> Path:
+    """``make hub``'s folder, built at ``out`` by hub/build.py."""
+    spec = importlib.util.spec_from_file_location("hub_build", repo_root() / "hub" / "build.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.build(out)
+
+
+def character_tokenizer():
+    """A tokenizer of the tiny models' 128 ids, each a short string (no download): stop strings
+    need one. It splits text into characters; its decoder joins the strings as they are."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = [c for c in "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"]
+    words += [a + b for a in "abcdefghij" for b in "klmnopq"][: 128 - len(words) - 1]
+    vocab = {"<pad>": 0, **{w: i + 1 for i, w in enumerate(words)}}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    backend.pre_tokenizer, backend.decoder = pre_tokenizers.Split(Regex("."), "isolated"), decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>")
+
+
+# Run by a fresh interpreter that cannot import the repository's packages: ``-I -S`` (no site:
+# no .pth file, so not the editable install's finder either), its sys.path the test's less every
+# folder holding lookahead_core or experiments, its own Hugging Face home. The base is a GQA model under SDPA.
+FRESH = r"""
+import json, sys, warnings
+sys.path[:] = PATHS
+import importlib.util
+assert importlib.util.find_spec("lookahead_core") is None and importlib.util.find_spec("experiments") is None
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, StoppingCriteria, StoppingCriteriaList
+
+class Attention(StoppingCriteria):                   # records the attention implementation the call ran under
+    seen = set()
+    def __call__(self, input_ids, scores, **kwargs):
+        Attention.seen.add(model.config._attn_implementation)
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+model = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.float32, attn_implementation="sdpa").eval()
+tokenizer = AutoTokenizer.from_pretrained(MODEL)
+hub = dict(custom_generate=REPO, trust_remote_code=True)
+base = dict(do_sample=False, pad_token_id=0)
+ids = torch.tensor([PROMPTS[0]])
+padded, mask = torch.tensor(PADDED), torch.tensor(MASK)
+results = {}
+
+def case(name, reference, **kwargs):
+    out = model.generate(**kwargs, **hub)
+    out = out if isinstance(out, torch.Tensor) else out.sequences
+    results[name] = [torch.equal(out, reference), out.shape[1] - kwargs["input_ids"].shape[1]]
+
+free = model.generate(ids, max_new_tokens=40, eos_token_id=None, **base)
+case("greedy, the paper's window (Hub snapshot)", free, input_ids=ids, max_new_tokens=40, eos_token_id=None,
+     lookahead="lookahead", **base)
+case("auto, its latency curve from a file", free, input_ids=ids, max_new_tokens=40, eos_token_id=None,
+     lookahead="auto", latency_curve=CURVE, **base)
+eos = int(padded[0, -1])
+batch = model.generate(padded, attention_mask=mask, max_new_tokens=24, eos_token_id=eos, **base)
+case("left-padded batch of 3, EOS", batch, input_ids=padded, attention_mask=mask, max_new_tokens=24,
+     eos_token_id=eos, lookahead={"window": 3, "ngram": 3, "guess": 3, "prompt_pool": True}, **base)
+text = tokenizer.decode(free[0, ids.shape[1]:])
+stop = tokenizer.decode(free[0, ids.shape[1] + 20: ids.shape[1] + 22])
+stopped = model.generate(ids, max_new_tokens=40, eos_token_id=None, stop_strings=[stop], tokenizer=tokenizer, **base)
+assert stopped.shape[1] < free.shape[1], "the stop string never fired: the case tests nothing"
+case("stop strings", stopped, input_ids=ids, max_new_tokens=40, eos_token_id=None, stop_strings=[stop],
+     tokenizer=tokenizer, lookahead={"window": 4, "ngram": 3, "guess": 4, "tree": True, "sources": {"suffix": 3}},
+     **base)
+case("return_dict_in_generate", free, input_ids=ids, max_new_tokens=40, eos_token_id=None,
+     return_dict_in_generate=True, lookahead="greedy", **base)
+hub["custom_generate"] = FOLDER
+case("the built folder as a local path", free, input_ids=ids, max_new_tokens=40, eos_token_id=None,
+     lookahead="lookahead", stopping_criteria=StoppingCriteriaList([Attention()]), **base)
+refusals = {}
+for name, kwargs in (("unknown lookahead key", {"lookahead": {"windw": 3}}), ("unknown option", {"windw": 3}),
+                     ("unsupported option", {"num_beams": 2})):
+    try:
+        model.generate(ids, max_new_tokens=4, **base, **hub, **kwargs)
+        refusals[name] = "not refused"
+    except ValueError as error:
+        refusals[name] = str(error)
+print(json.dumps({"results": results, "refusals": refusals, "during": sorted(Attention.seen),
+                  "after": model.config._attn_implementation,
+                  "loaded": sorted({m.split(".")[0] for m in sys.modules} & {"lookahead_core", "experiments"})}))
+"""
+
+
+def test_the_built_hub_folder_loads_as_a_hub_repository_without_the_clone(tmp_path):
+    """``make hub``'s folder, as the Hub serves it (a snapshot in the Hugging Face cache, loaded
+    offline by its repository id) and as a local path, in a fresh process where neither
+    lookahead_core nor the harness can be imported: greedy equals generate's token for token
+    (alone, from auto with a curve file, in a left-padded batch ending at EOS, with stop strings,
+    as a dict), bad input is refused naming it, and the GQA model's attention is its own again."""
+    import json
+    import subprocess
+    import sys
+
+    folder = built_hub(tmp_path / "built")
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    cached = tmp_path / "home" / "hub" / "models--lookahead--decoding"
+    shutil.copytree(folder, cached / "snapshots" / commit)
+    (cached / "refs").mkdir()
+    (cached / "refs" / "main").write_text(commit)
+    model = tiny_random_model("llama")
+    assert model.config.num_key_value_heads < model.config.num_attention_heads       # GQA: the switched case
+    model.save_pretrained(tmp_path / "model")
+    character_tokenizer().save_pretrained(tmp_path / "model")
+    (tmp_path / "curve.json").write_text(json.dumps({"rows": FLAT.to_rows()}))
+    rows = prompts(model.config.vocab_size, lengths=(20, 13, 17), seed=1)
+    padded, mask = left_padded(rows)
+    # (less a transformers modules cache an earlier custom_generate call of this process put there too)
+    paths = [p for p in sys.path
+             if p and not any((Path(p) / name).exists() for name in ("lookahead_core", "experiments", "transformers_modules"))]
+    script = FRESH
+    for name, value in (("PATHS", paths), ("MODEL", str(tmp_path / "model")), ("REPO", "lookahead/decoding"),
+                        ("FOLDER", str(folder)), ("CURVE", str(tmp_path / "curve.json")), ("PROMPTS", rows),
+                        ("PADDED", padded.tolist()), ("MASK", mask.tolist())):
+        script = script.replace(name, repr(value), 1) if name in ("PATHS",) else script.replace(name, repr(value))
+    (tmp_path / "fresh.py").write_text(script)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "HF_", "TRANSFORMERS_"))}
+    env.update(HF_HOME=str(tmp_path / "home"), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+    ran = subprocess.run([sys.executable, "-I", "-S", str(tmp_path / "fresh.py")], capture_output=True, text=True,
+                         timeout=600, env=env, cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr[-4000:]
+    report = json.loads(ran.stdout.strip().splitlines()[-1])
+    print(json.dumps(report, indent=1))                   # the cases and their results (pytest -s shows them)
+    assert report["loaded"] == []
+    assert len(report["results"]) == 6 and all(equal for equal, _ in report["results"].values()), report["results"]
+    assert report["results"]["stop strings"][1] < 40
+    refusals = report["refusals"]
+    assert "`lookahead` has no key `windw`" in refusals["unknown lookahead key"]
+    assert "`windw` is neither a generation option" in refusals["unknown option"]
+    assert "`num_beams=2` is not supported" in refusals["unsupported option"]
+    assert report["during"] == ["lookahead_gqa_sdpa"] and report["after"] == "sdpa"
+
+
+def test_the_card_and_requirements_say_what_the_folder_needs_and_was_tested_with(tmp_path):
+    """The built folder's card has transformers' custom_generate sections and a base model; its
+    requirements are the decoder's own (torch as pyproject.toml, transformers as
+    lookahead_core.TRANSFORMERS, one bound a line as transformers' check reads them), nothing a
+    registry does not serve; every vendored module names its source."""
+    import re
+    import tomllib
+
+    from lookahead_core import TRANSFORMERS
+
+    folder = built_hub(tmp_path / "built")
+    card = (folder / "README.md").read_text()
+    assert "custom_generate" in card.split("---")[1] and "base_model:" in card.split("---")[1]
+    for section in ("Base model", "Model compatibility", "Additional arguments", "Output type changes",
+                    "What it changes on the model", "Tested transformers versions"):
+        assert f"\n## {section}\n" in card, section
+    low, high = re.fullmatch(r"transformers>=([\d.]+),<([\d.]+)", TRANSFORMERS).groups()
+    assert f"`transformers>={low}` and `<{high}`" in card and f"transformers {low}.0 (the lower bound" in card
+    torch_requirement = next(r for r in tomllib.loads((repo_root() / "pyproject.toml").read_text())["project"]
+                             ["dependencies"] if r.startswith("torch"))
+    lines = (folder / "custom_generate" / "requirements.txt").read_text().split()
+    assert lines == [torch_requirement, f"transformers>={low}", f"transformers<{high}"]
+    private = set(re.findall(r"model\.(_[a-z_]+)\(", (repo_root() / "lookahead_core" / "generate.py").read_text()))
+    assert private and all(f"`{name}`" in card for name in private), private
+    for module in (folder / "custom_generate").glob("*.py"):
+        source = re.match(r"# Vendored from (lookahead_core/\S+\.py) by `make hub`", module.read_text()).group(1)
+        assert (repo_root() / source).is_file()
 
 
 @pytest.mark.parametrize(("width", "call", "model_default"), [

@@ -1,4 +1,6 @@
-"""The decoder installs alone: the wheel's only unconditional requirements are torch and
+"""The decoder installs alone: the wheel holds lookahead_core and nothing else (no top-level
+``experiments`` package to collide with a user's own module, no console script that needs the
+harness, which runs from a clone), its only unconditional requirements are torch and
 transformers, and in a fresh virtual environment that holds those two (and what they need) but
 none of the harness's dependencies, the wheel installs from nothing else (``--no-index``), decodes
 losslessly, and serves ``model.generate(custom_generate="hub")``.
@@ -67,12 +69,21 @@ def wheel(tmp_path_factory) -> Path:
     root = repo_root()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(root / name, source / name)
-    for package in ("lookahead_core", "experiments"):
+    for package in ("lookahead_core", "experiments"):   # the harness beside it, as in a clone: left out of the wheel
         shutil.copytree(root / package, source / package, ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out),
                     str(source)], check=True, capture_output=True, timeout=600)
     (found,) = out.glob("lookahead_bench-*.whl")
     return found
+
+
+def test_the_wheel_holds_the_decoder_alone(wheel: Path):
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+    tops = {name.split("/")[0] for name in names}
+    assert tops == {"lookahead_core", next(t for t in tops if t.endswith(".dist-info"))}, sorted(tops)
+    assert not any(name.endswith(".dist-info/entry_points.txt") for name in names)      # no console script
+    assert "lookahead_core/generate.py" in names and "lookahead_core/kernels/stream_linear.cpp" in names
 
 
 def test_the_wheel_requires_torch_and_transformers_only(wheel: Path):
