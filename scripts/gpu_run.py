@@ -75,7 +75,7 @@ from lookahead_core import (  # noqa: E402
 )
 from lookahead_core import cost as cm  # noqa: E402
 from lookahead_core.capability import UnsupportedAttentionError, attention_verdict  # noqa: E402
-from lookahead_core.config import config_label  # noqa: E402
+from experiments.config.labels import config_label  # noqa: E402
 from lookahead_core.eagle import Eagle3Drafter, default_layer_ids, eagle3_config  # noqa: E402
 from lookahead_core.flex import FALLBACK_WARNING, rearm_fallback_warning  # noqa: E402
 from lookahead_core.medusa import for_model  # noqa: E402

