@@ -191,7 +191,7 @@ def test_smollm2_grid_ties_guess_to_window() -> None:
     ("repeats=0", "repeats"),
     ("experiment=mtbench decoding=auto decoding.calibration_items=0", "decoding.calibration_items"),
     ("experiment=mtbench decoding=tree decoding.budget=1", "budget"),
-    ("experiment=mtbench decoding=tree decoding.suffix=-1", "suffix"),
+    ("experiment=mtbench decoding=tree decoding.sources.suffix=-1", "suffix"),
     ("batch_size=0", "batch_size"),
     ("experiment=mtbench batch_size=2 decoders=[lookahead,hf_pld]", "batch_size: hf_pld"),
     ("experiment=mtbench batch_size=4 decoding=hf_assisted", "batch_size: hf_assisted"),
@@ -382,7 +382,7 @@ def test_a_committed_result_resumes_under_its_migrated_name() -> None:
                  "baseline=greedy", decoders, "results_dir=results/scaling"]
     stock = dataclasses.replace(to_settings(compose_config(*overrides, "model.linear=stock"), device="cpu"),
                     device_name=device_name("cpu"))
-    committed = repo_root() / "results/scaling/mtbench/smollm2_135m/w2_n3+w2_n3_pool+tree_b9_n3-hebc0920e-s0.csv.gz"
+    committed = repo_root() / "results/scaling/mtbench/smollm2_135m/w2_n3+w2_n3_pool+tree_b9_n3-h04328baf-s0.csv.gz"
     if device_name("cpu") != "Intel(R) Xeon(R) Processor":
         pytest.skip(f"the committed rows name this project's CPU; this one is {device_name('cpu')}")
     assert stock.results_path() == committed and committed.is_file()
