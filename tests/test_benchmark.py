@@ -24,7 +24,7 @@ from experiments.job import runner
 from experiments.rows.schema import COLUMNS
 from experiments.data.datasets import repo_root
 from lookahead_core import LookaheadConfig
-from lookahead_core.config import config_label
+from experiments.config.labels import config_label
 
 from conftest import DATA_ROOT, needs_full_data  # the full data when present, else tests/fixtures/data
 
