@@ -303,9 +303,9 @@ def test_tree_configs_and_spread_items(tmp_path: Path):
         {"use": "greedy", "name": "core_greedy"},
         {"use": "lookahead", "name": "la_N3W3G3_pool", "window": 3, "ngram": 3, "guess": 3, "prompt_pool": True},
         {"use": "lookahead", "name": "pool_N3G2_tree_sfx2_rc2_k4", "ngram": 3, "guess": 2, "pool_only": True,
-         "tree": True, "suffix": 2, "recycle": 2, "budget": 4},
+         "tree": True, "sources": {"suffix": 2, "recycle": 2}, "budget": 4},
         {"use": "lookahead", "name": "la_N3W3G3_pool_tree_sfx2_rc2_rw_k12", "ngram": 3, "window": 3, "guess": 3,
-         "prompt_pool": True, "tree": True, "suffix": 2, "recycle": 2, "recycle_window": True, "budget": 12},
+         "prompt_pool": True, "tree": True, "sources": {"suffix": 2, "recycle": 2}, "recycle_window": True, "budget": 12},
     ]
     args = (out, "dataset.every=10", "experiment.max_new_tokens=10")
     run(*args, decoders=trees)

@@ -77,7 +77,7 @@ class ChoiceReport:
     calibration_tokens: int = 0
     seconds: float = 0.0
     prior: DraftStats | None = field(default=None, repr=False)   # given to choose_config: no survey ran
-    namer: Callable[[LookaheadConfig | None], str] = field(default=str, repr=False)   # a config's name in rows, text
+    namer: Callable[[LookaheadConfig | None], str] = field(default=lambda c: described(c), repr=False)   # names a config
 
     @property
     def drafts(self) -> DraftStats | None:
@@ -106,6 +106,15 @@ class ChoiceReport:
                          f"{fmt(c.step_tokens_mean, '.1f')} | {1e3 * c.host_seconds:.2f} | {c.upper_bound:.2f} | "
                          f"{fmt(c.predicted)} | {fmt(c.measured)} |")
         return "\n".join(lines)
+
+
+def described(config: LookaheadConfig | None) -> str:
+    """``greedy``, or the config's fields that differ from their defaults: how this module names a
+    config unless its caller passes a namer."""
+    if config is None:
+        return "greedy"
+    default = LookaheadConfig()
+    return ", ".join(f"{k}={v}" for k, v in config_fields(config).items() if v != getattr(default, k)) or "defaults"
 
 
 def prefilled(model, prompts: Sequence[list[int]]) -> list[DecodeState]:
@@ -202,7 +211,7 @@ def choose_config(
     screen_tokens: int | None = None,
     finalists: int = 3,
     prior: DraftStats | None = None,
-    namer: Callable[[LookaheadConfig | None], str] = str,
+    namer: Callable[[LookaheadConfig | None], str] | None = None,
 ) -> tuple[LookaheadConfig | None, ChoiceReport]:
     """Pick the config of ``grid`` (default :func:`default_grid`) predicted fastest on this device.
 
@@ -235,11 +244,12 @@ def choose_config(
     slight underestimate for long generations. With ``sampling``, every calibration decode samples
     with it (acceptance under sampling is lower than under greedy). Returns
     ``(config or None, ChoiceReport)``; ``namer`` names a config in its progress messages and
-    report (the harness passes its labels; default ``str``).
+    report (the harness passes its labels; default :func:`described`).
     """
     if not calibration_prompts:
         raise ValueError("choose_config needs at least one calibration prompt")
     say = progress or (lambda message: None)
+    namer = namer or described
     started = time.perf_counter()
     lm = model if isinstance(model, CausalLM) else CausalLM(model)
     grid = list(default_grid() if grid is None else grid)
