@@ -11,7 +11,7 @@ file or a missing model package fails at once, in one line naming the key. Paral
 machine share its cores and skew speedups: time one job per device.
 
 Config groups live in conf/ and are typed by experiments/config/schema.py (decoders by their class in
-experiments/decoders/); results go to results/raw/<experiment>/<model>/<config>-<settings>-s<seed>.csv,
+experiments/decoders/); results go to results/raw/<experiment>/<model>/<decoders>-<hash>-s<seed>.csv,
 and rerunning a command resumes it. Beside each results file, ``<same name>.yaml`` holds the job's
 config (the command that wrote it in its header): ``python run.py --config-dir <its folder>
 --config-name <its name>`` reruns or resumes that result from it alone.

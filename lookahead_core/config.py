@@ -180,23 +180,6 @@ def config_fields(config: LookaheadConfig | None) -> dict | None:
     return None if config is None else {f.name: getattr(config, f.name) for f in fields(config) if f.name != "seed"}
 
 
-def config_label(config: LookaheadConfig | None) -> str:
-    """A short name: ``greedy``, ``la_N5W15G15``, ``la_N5W15G15_pool``, ``pool_N4G3``, and for
-    token trees and the other sources ``..._tree_sfx4_rc4_d6_k8``: each registered source's label and
-    size (suffix drafts, recycled top-k with ``_rw`` for recycle_window, ...), then draft depth,
-    token budget, ``_ca`` for step_costs and ``_dc`` for draft_cost, each only when set. The one name of a config: decoder
-    tags in result rows, labels in reports and calibration records, results file names."""
-    if config is None:
-        return "greedy"
-    if config.pool_only:
-        parts = [f"pool_N{config.ngram}G{config.guess}"]
-    else:
-        parts = [f"la_N{config.ngram}W{config.window}G{config.guess}"] + (["pool"] if config.prompt_pool else [])
-    parts += (["tree"] if config.tree else []) + _sources.label_parts(config)
-    parts += [f"{short}{value}" for short, value in (("d", config.depth), ("k", config.budget)) if value]
-    return "_".join(parts + (["ca"] if config.step_costs else []) + (["dc"] if config.draft_cost else []))
-
-
 @dataclass(frozen=True)
 class SamplingConfig:
     """How the next token is chosen. ``temperature == 0`` is greedy.

@@ -10,8 +10,6 @@ it keeps state across decodes, as Token Recycling's table travels in the prior) 
   (0 = off), and so every core decoder's yaml (``sources: {<name>: size}``);
 * :meth:`lookahead_core.drafts.Proposer.from_config` to build it and merge its drafts into the
   step's token tree (verification keeps the output token-identical to greedy, whatever it proposes);
-* :func:`lookahead_core.config.config_label`, the one name of a config (decoder tags, report
-  labels, results file names) to name it, ``_<label><size>``;
 * ``decoding=auto``'s grid (:func:`lookahead_core.cost.grid.default_grid`) to add the configs the
   source lists in ``grid``.
 
@@ -38,11 +36,11 @@ class SourceKind:
     """A registered draft source.
 
     name: its key in ``LookaheadConfig.sources`` (and the yaml) and the tag its drafts carry.
-    label: its part of ``config_label``: ``_<label><size>``.
+    label: a short name, for the harness's labels of configs (``experiments/config/labels.py``).
     factory: the class (or ``"module:Class"``) whose ``from_config(config, size, context)`` builds it.
     before_pool: its drafts enter the tree before the n-gram pool's (the suffix source's do).
-    flags: ``(field, label)`` pairs of boolean ``LookaheadConfig`` options it owns, named
-        ``_<label>`` when set (the recycle source's ``recycle_window``, ``_rw``).
+    flags: ``(field, label)`` pairs of boolean ``LookaheadConfig`` options it owns, with a short
+        name each (the recycle source's ``recycle_window``, ``rw``).
     grid: a callable returning the configs ``decoding=auto`` adds to its grid for this source.
     drafter: it drafts with a trained model the user supplies (Medusa heads): ``from_config`` gets
         ``CausalLM.drafters[name]`` as a fourth argument, and a decode without one is refused.
@@ -95,9 +93,9 @@ def register_source(name: str, *, label: str, grid: Callable[[], list] | None = 
     ...     def from_config(cls, config, size, context): return cls()
     ...     def propose(self, context): return []
     ...     def update(self, outcome): pass
-    >>> from lookahead_core.config import LookaheadConfig, config_label
-    >>> config_label(LookaheadConfig(window=5, ngram=4, guess=5, tree=True, sources={"echo": 2}))
-    'la_N4W5G5_tree_echo2'
+    >>> from lookahead_core.config import LookaheadConfig
+    >>> LookaheadConfig(window=5, ngram=4, guess=5, tree=True, sources={"echo": 2}).sources
+    (('echo', 2),)
     >>> unregister_source("echo")
     """
     def add(cls: type) -> type:
@@ -114,40 +112,15 @@ def unregister_source(name: str) -> None:
     del SOURCES[name]
 
 
-# The words of config_label's grammar that are not a source's: ``la_N<n>W<w>G<g>`` / ``pool_N<n>G<g>``
-# then ``pool``, ``tree``, each source's ``<label><size>`` and its flags' ``<label>``, then
-# ``d<depth>``, ``k<budget>``, ``ca``. A label is lower-case letters, so every part reads back as
-# one word and a number, and no two configs share a name as long as no label is one of these words
-# or another source's (or flag's) label.
-GRAMMAR_WORDS = ("la", "pool", "tree", "d", "k", "ca")
-
-
 def _add(kind: SourceKind) -> None:
-    labels = [kind.label] + [label for _, label in kind.flags]
-    if not kind.name.isidentifier() or not all(label.isascii() and label.isalpha() and label.islower()
-                                                for label in labels):
-        raise ValueError(f"a source's name and labels must be identifiers (labels: lower-case letters only), "
-                         f"got {kind.name!r}, {labels!r}")
-    taken = {label for k in SOURCES.values() if k.name != kind.name
-             for label in [k.label] + [flag for _, flag in k.flags]} | set(GRAMMAR_WORDS)
-    clash = sorted(set(labels) & taken) or (labels if len(set(labels)) < len(labels) else [])
-    if clash:
-        raise ValueError(f"label {clash[0]!r} is taken (config_label's words in use: {sorted(taken)})")
+    if not kind.name.isidentifier():
+        raise ValueError(f"a source's name must be an identifier, got {kind.name!r}")
     SOURCES[kind.name] = kind
 
 
 def active(config: Any) -> list[tuple[SourceKind, int]]:
     """The registered sources ``config`` turns on, with their sizes, in registration order."""
     return [(kind, size) for kind in SOURCES.values() if (size := kind.size(config))]
-
-
-def label_parts(config: Any) -> list[str]:
-    """The sources' parts of ``config``'s name, e.g. ``["sfx4", "rc4", "rw"]``."""
-    parts = []
-    for kind, size in active(config):
-        parts.append(f"{kind.label}{size}")
-        parts += [label for flag, label in kind.flags if getattr(config, flag)]
-    return parts
 
 
 _add(SourceKind("suffix", "sfx", ".drafts:SuffixSource", before_pool=True))

@@ -18,7 +18,7 @@ from experiments.reporting import batch as batch_bench
 from experiments.tools import app, batch_latency
 from lookahead_core import LookaheadConfig
 from lookahead_core import cost as cm
-from lookahead_core.config import config_label
+from experiments.config.labels import config_label
 
 from conftest import DATA_ROOT  # the full data when present, else tests/fixtures/data
 

@@ -24,7 +24,7 @@ from experiments.job import runner
 from experiments.rows.schema import COLUMNS
 from experiments.data.datasets import repo_root
 from lookahead_core import LookaheadConfig
-from lookahead_core.config import config_label
+from experiments.config.labels import config_label
 
 from conftest import DATA_ROOT, needs_full_data  # the full data when present, else tests/fixtures/data
 
@@ -303,9 +303,9 @@ def test_tree_configs_and_spread_items(tmp_path: Path):
         {"use": "greedy", "name": "core_greedy"},
         {"use": "lookahead", "name": "la_N3W3G3_pool", "window": 3, "ngram": 3, "guess": 3, "prompt_pool": True},
         {"use": "lookahead", "name": "pool_N3G2_tree_sfx2_rc2_k4", "ngram": 3, "guess": 2, "pool_only": True,
-         "tree": True, "suffix": 2, "recycle": 2, "budget": 4},
+         "tree": True, "sources": {"suffix": 2, "recycle": 2}, "budget": 4},
         {"use": "lookahead", "name": "la_N3W3G3_pool_tree_sfx2_rc2_rw_k12", "ngram": 3, "window": 3, "guess": 3,
-         "prompt_pool": True, "tree": True, "suffix": 2, "recycle": 2, "recycle_window": True, "budget": 12},
+         "prompt_pool": True, "tree": True, "sources": {"suffix": 2, "recycle": 2}, "recycle_window": True, "budget": 12},
     ]
     args = (out, "dataset.every=10", "experiment.max_new_tokens=10")
     run(*args, decoders=trees)

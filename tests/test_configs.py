@@ -4,6 +4,7 @@ override fails with one line naming its key, before any model is loaded and befo
 from __future__ import annotations
 
 import dataclasses
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,9 +15,10 @@ from hydra import compose, initialize_config_dir
 from experiments.job import runner
 
 from experiments.data.datasets import repo_root
-from experiments.decoders.registry import DECODERS, SOURCE_ALIASES, AutoDecoder, CoreDecoder, Decoder, HFGenerate
+from experiments.decoders.registry import DECODERS, AutoDecoder, CoreDecoder, Decoder, HFGenerate
 from experiments.config.errors import ConfigError
 from experiments.config.settings import RunSettings, decoding_options, load_option, to_settings
+from experiments.config.identity import differing, readable
 from experiments.config.schema import register_configs
 from lookahead_core import DecodeLimits, LookaheadConfig, SamplingConfig
 
@@ -73,10 +75,9 @@ def test_every_decoding_option_names_itself_and_is_listable() -> None:
 
 def test_core_decoders_take_every_lookahead_config_field() -> None:
     """A field added to LookaheadConfig is a yaml key at once (issue: token trees add fields); ``heads``
-    and ``drafter`` (where trained drafters come from) and the built-in sources' aliases are the keys
-    beside them."""
+    and ``drafter`` (where trained drafters come from) are the keys beside them."""
     keys = {f.name for f in dataclasses.fields(CoreDecoder.Params)}
-    assert keys == ({"lookahead", "heads", "drafter", *SOURCE_ALIASES}
+    assert keys == ({"lookahead", "heads", "drafter"}
                     | {f.name for f in dataclasses.fields(LookaheadConfig)} - {"seed"})
     settings = to_settings(compose_config("experiment=mtbench", "decoding.keep_pool=false", "decoding.window=4"))
     assert settings.candidates[0].config == LookaheadConfig(window=4, ngram=5, guess=15, keep_pool=False)
@@ -93,27 +94,29 @@ def test_the_default_is_the_demo_that_runs_anywhere() -> None:
     assert settings.config_tag == "hf_pld+lookahead+auto"
 
 
-@pytest.mark.parametrize("decoding,baseline,candidate,tag", [
-    ("greedy", "greedy", None, "greedy"),
-    ("sampling", "sampling", None, "sampling_t1_k0_p1"),
-    ("lookahead", "greedy", "lookahead", "la_N5W15G15"),
-    ("lookahead_pool", "greedy", "lookahead_pool", "la_N5W15G15_pool"),
-    ("pool_only", "greedy", "pool_only", "pool_N5G15"),
-    ("lookahead_sampling", "sampling", "lookahead_sampling", "la_N5W15G15_t1_k0_p1"),
-    ("auto", "greedy", "auto", "auto"),
-    ("tree", "greedy", "tree", "pool_N4G4_tree_sfx4_rc4_d6_k4"),
-    ("lookahead_tree", "greedy", "lookahead_tree", "la_N5W7G7_pool_tree_sfx4_rc4_d6_k56"),
-    ("hf_greedy", "greedy", "hf_greedy", "hf_greedy"),
-    ("hf_sampling", "sampling", "hf_sampling", "hf_sampling_t1_k0_p1"),
-    ("hf_pld", "greedy", "hf_pld", "hf_pld_k3"),
-    ("hf_assisted", "greedy", "hf_assisted", "hf_assisted"),
-    ("hf_early_exit", "greedy", "hf_early_exit", "hf_early_exit"),
+@pytest.mark.parametrize("decoding,baseline,candidate", [
+    ("greedy", "greedy", None),
+    ("sampling", "sampling", None),
+    ("lookahead", "greedy", "lookahead"),
+    ("lookahead_pool", "greedy", "lookahead_pool"),
+    ("pool_only", "greedy", "pool_only"),
+    ("lookahead_sampling", "sampling", "lookahead_sampling"),
+    ("auto", "greedy", "auto"),
+    ("tree", "greedy", "tree"),
+    ("lookahead_tree", "greedy", "lookahead_tree"),
+    ("hf_greedy", "greedy", "hf_greedy"),
+    ("hf_sampling", "sampling", "hf_sampling"),
+    ("hf_pld", "greedy", "hf_pld"),
+    ("hf_assisted", "greedy", "hf_assisted"),
+    ("hf_early_exit", "greedy", "hf_early_exit"),
 ])
-def test_decoders_and_tags(decoding: str, baseline: str, candidate: str | None, tag: str) -> None:
+def test_decoders_and_tags(decoding: str, baseline: str, candidate: str | None) -> None:
+    """A job's readable name is its decoders' row names: the yaml's name (or the user's ``name:``)."""
     settings = to_settings(compose_config("experiment=mtbench", f"decoding={decoding}"))
     assert settings.baseline.name == baseline
     assert ([d.name for d in settings.candidates] or [None]) == [candidate]
-    assert settings.config_tag == tag
+    assert settings.config_tag == (candidate or baseline)
+    assert settings.results_path().name.startswith(f"{candidate or baseline}-h")
 
 
 def test_a_list_of_decoders_takes_variants_and_the_shared_values() -> None:
@@ -188,7 +191,7 @@ def test_smollm2_grid_ties_guess_to_window() -> None:
     ("repeats=0", "repeats"),
     ("experiment=mtbench decoding=auto decoding.calibration_items=0", "decoding.calibration_items"),
     ("experiment=mtbench decoding=tree decoding.budget=1", "budget"),
-    ("experiment=mtbench decoding=tree decoding.suffix=-1", "suffix"),
+    ("experiment=mtbench decoding=tree decoding.sources.suffix=-1", "suffix"),
     ("batch_size=0", "batch_size"),
     ("experiment=mtbench batch_size=2 decoders=[lookahead,hf_pld]", "batch_size: hf_pld"),
     ("experiment=mtbench batch_size=4 decoding=hf_assisted", "batch_size: hf_assisted"),
@@ -251,20 +254,79 @@ def test_the_results_path_depends_on_settings_not_on_the_subset() -> None:
     assert to_settings(compose_config("seed=1")).results_path() != path
 
 
-def test_a_decoders_fingerprint_is_its_full_params() -> None:
+def test_a_result_is_named_by_the_values_that_differ_from_their_defaults() -> None:
+    """The hash covers what differs from its declared default, whatever the parameter: a parameter
+    added with a default renames nothing; a field declared ``ASIDE`` (it names, finds or schedules)
+    never counts; every other changed value does."""
     settings = to_settings(compose_config("experiment=mtbench", "decoding=lookahead_pool"))
-    name, kind, params = settings.candidates[0].fingerprint()
-    assert params["tree"] is False and params["budget"] == 0 and params["window"] == 15
+    name, kind, params = differing(settings.candidates[0])
+    assert (name, kind, params) == ("lookahead_pool", "core", {"prompt_pool": True})
     tree = to_settings(compose_config("experiment=mtbench", "decoding=lookahead_pool", "decoding.tree=true"))
-    assert tree.results_path() != settings.results_path() and tree.candidates[0].config.tree
-    assert tree.candidates[0].fingerprint()[2]["tree"] is True
-    assert list(params["step_costs"]) == [] and params["recycle_window"] is False
+    assert tree.results_path() != settings.results_path() and differing(tree.candidates[0])[2]["tree"] is True
+    # A parameter added later, at its default: the same name.
+    later = dataclasses.make_dataclass("Later", [("new_knob", int, dataclasses.field(default=3))],
+                                       bases=(CoreDecoder.Params,))
+    (candidate,) = settings.candidates
+    grown = CoreDecoder(candidate.name, later(**dataclasses.asdict(candidate.params)), candidate.seed)
+    assert dataclasses.replace(settings, candidates=(grown,)).results_path() == settings.results_path()
+    grown.params.new_knob = 4
+    assert dataclasses.replace(settings, candidates=(grown,)).results_path() != settings.results_path()
+    # What only names, finds or schedules leaves the hash; what changes a row does not.
+    base = ("experiment=mtbench", "model=tiny_llama")
+    path = to_settings(compose_config(*base), device="cpu").results_path()
+    path_hash = to_settings(compose_config(*base), device="cpu").fingerprint()
+    for same in ("model.cache_dir=/elsewhere", "sandbox=process", "warmup=3", "time_budget=60", "dataset.limit=2",
+                 "data_root=/x", "results_dir=/y"):
+        assert to_settings(compose_config(*base, same), device="cpu").fingerprint() == path_hash, same
+    for other in ("model.dtype=bfloat16", "model.linear=auto", "experiment.max_new_tokens=64", "threads=2",
+                  "model.attn_implementation=eager", "dataset.categories=[coding]", "repeats=3", "batch_size=2"):
+        assert to_settings(compose_config(*base, other), device="cpu").results_path() != path, other
+    chip = to_settings(compose_config(*base), device="cpu")
+    assert dataclasses.replace(chip, device_name="A").results_path() != dataclasses.replace(chip, device_name="B").results_path()
     auto = to_settings(compose_config("experiment=mtbench", "decoding=auto"))
     again = to_settings(compose_config("experiment=mtbench", "decoding=auto", "decoding.recalibrate=true"))
-    assert "recalibrate" not in auto.candidates[0].fingerprint()[2]            # how it calibrates, not what
-    assert again.results_path() == auto.results_path() and again.candidates[0].params.recalibrate
+    assert again.results_path() == auto.results_path() and again.candidates[0].params.recalibrate  # how, not what
     longer = to_settings(compose_config("experiment=mtbench", "decoding=auto", "decoding.calibration_tokens=64"))
     assert longer.results_path() != auto.results_path()
+
+
+def test_a_results_file_name_stays_readable_and_short() -> None:
+    """``<decoders>-<hash>-s<seed>``: the decoders' row names while they fit in 80 characters, else
+    the first and how many more; the hash tells the jobs apart either way."""
+    few = to_settings(compose_config("experiment=mtbench", "decoders=[hf_pld,lookahead,auto]"))
+    assert few.results_path().name == f"hf_pld+lookahead+auto-{few.fingerprint()}-s0.csv"
+    names = [f"decoder_number_{i}" for i in range(8)]
+    many = to_settings(compose_config("experiment=mtbench", "decoders=[" + ",".join(
+        f"{{use:lookahead,name:{n},window:{i + 2}}}" for i, n in enumerate(names)) + "]", "seed=12"))
+    name = many.results_path().name + ".gz"
+    assert name == f"decoder_number_0+7-more-{many.fingerprint()}-s12.csv.gz" and len(name) <= 80
+    assert readable(["x" * 200], 0) == "x" * (80 - len("-h12345678-s0.csv.gz") - len("+0-more")) + "+0-more"
+    assert readable(["lookahead@stock", "greedy@stream", "lookahead@stream"], 0) == "lookahead+greedy"
+
+
+def test_a_source_sized_by_its_old_key_is_refused_with_the_new_spelling() -> None:
+    """``suffix: 4`` (an alias once) is refused, saying ``sources: {suffix: 4}``."""
+    with pytest.raises(ConfigError, match=re.escape("decoders[0].suffix: not a key; size the suffix draft source "
+                                                    "with sources: {suffix: 4}")):
+        to_settings(compose_config("experiment=mtbench", "decoders=[{use:lookahead,suffix:4}]"))
+    with pytest.raises(ConfigError, match=re.escape("decoding.recycle: not a key; size the recycle draft source "
+                                                    "with sources: {recycle: 2} (on the command line: "
+                                                    "+decoding.sources.recycle=2)")):
+        to_settings(compose_config("experiment=mtbench", "decoding=lookahead", "+decoding.recycle=2"))
+    with pytest.raises(ConfigError, match=re.escape("decoding.suffix: not a key")):
+        to_settings(compose_config("experiment=mtbench", "decoders=[lookahead,tree]", "+decoding.suffix=2"))
+    sized = to_settings(compose_config("experiment=mtbench", "decoding=lookahead", "+decoding.sources.recycle=2"))
+    assert sized.candidates[0].config.sources == (("recycle", 2),)
+
+
+def test_an_option_adds_its_sources_to_those_of_the_option_it_extends() -> None:
+    """``medusa_tree`` extends ``tree``: its ``sources: {medusa: 8}`` joins tree's suffix and recycle
+    sources, in a decoders list as under ``decoding=``; so does a list entry's."""
+    listed = to_settings(compose_config("experiment=mtbench", "decoders=[medusa_tree,{use:tree,sources:{medusa:3}}]"))
+    assert [dict(d.config.sources) for d in listed.candidates] == [{"medusa": 8, "recycle": 4, "suffix": 4},
+                                                                   {"medusa": 3, "recycle": 4, "suffix": 4}]
+    alone = to_settings(compose_config("experiment=mtbench", "decoding=medusa_tree"))
+    assert alone.candidates[0].config == listed.candidates[0].config
 
 
 def test_the_joblib_launcher_is_available() -> None:
@@ -314,13 +376,13 @@ def test_a_committed_result_resumes_under_its_migrated_name() -> None:
 
     linear = "window:2,ngram:3,guess:2"
     decoders = (f"decoders=[{{use:lookahead,name:w2_n3,{linear}}},{{use:lookahead,name:w2_n3_pool,{linear},prompt_pool:true}}"
-                f",{{use:lookahead,name:tree_b9_n3,{linear},prompt_pool:true,tree:true,suffix:4,recycle:4,budget:9}}]")
+                f",{{use:lookahead,name:tree_b9_n3,{linear},prompt_pool:true,tree:true,sources:{{suffix:4,recycle:4}},budget:9}}]")
     overrides = ["experiment=mtbench", "model=smollm2_135m", "dataset.limit=20", "dataset.order=spread", "dataset.turns=1",
                  "experiment.max_new_tokens=128", "decoding.temperature=0", "experiment.score=false", "threads=1",
                  "baseline=greedy", decoders, "results_dir=results/scaling"]
     stock = dataclasses.replace(to_settings(compose_config(*overrides, "model.linear=stock"), device="cpu"),
                     device_name=device_name("cpu"))
-    committed = repo_root() / "results/scaling/mtbench/smollm2_135m/w2_n3+w2_n3_pool+tree_b9_n3-hebc0920e-s0.csv.gz"
+    committed = repo_root() / "results/scaling/mtbench/smollm2_135m/w2_n3+w2_n3_pool+tree_b9_n3-h04328baf-s0.csv.gz"
     if device_name("cpu") != "Intel(R) Xeon(R) Processor":
         pytest.skip(f"the committed rows name this project's CPU; this one is {device_name('cpu')}")
     assert stock.results_path() == committed and committed.is_file()

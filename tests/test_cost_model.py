@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from lookahead_core import DecodeLimits, LookaheadConfig, decode
-from lookahead_core.config import config_label
+from experiments.config.labels import config_label
 from lookahead_core.cost import (
     CostModel,
     bent_sizes,

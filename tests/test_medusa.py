@@ -273,7 +273,7 @@ def test_saved_heads_round_trip_without_the_shared_lm_head(tmp_path):
 
 
 def test_medusa_is_a_registered_source_named_in_labels():
-    from lookahead_core.config import config_label
+    from experiments.config.labels import config_label
 
     assert SOURCES["medusa"].drafter and SOURCES["medusa"].hidden
     assert config_label(MEDUSA) == "pool_N4G0_tree_md12_d4"

@@ -24,7 +24,7 @@ from hydra import compose, initialize_config_dir
 from experiments.config.schema import register_configs
 from experiments.config.settings import plan, to_settings
 from experiments.data.datasets import repo_root
-from lookahead_core.config import config_label
+from experiments.config.labels import config_label
 
 from conftest import DATA_ROOT  # the full data when present, else tests/fixtures/data
 

@@ -17,6 +17,7 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from experiments.config.identity import ASIDE
 from experiments.data.datasets import PromptFormat
 
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
@@ -61,9 +62,11 @@ class DataOrder(str, Enum):
 
 @dataclass
 class ModelConfig:
-    """Which model to load; ``name`` names result folders, ``spec`` goes to ``load_model``."""
+    """Which model to load; ``name`` names result folders, ``spec`` goes to ``load_model``. Fields
+    marked ``ASIDE`` only name or find it: they leave a result's identity (experiments/config/identity.py).
+    """
 
-    name: str = MISSING
+    name: str = field(default=MISSING, metadata=ASIDE)   # in the results path of its own
     spec: str = MISSING                    # offline name, tiny-<arch>, local folder or hub id
     dtype: DType = DType.float32
     attn_implementation: Attention = Attention.sdpa
@@ -73,9 +76,9 @@ class ModelConfig:
     # None: the whole model on `device`.
     device_map: Optional[str] = None
     extra_eos_token_ids: list[int] = field(default_factory=list)   # e.g. Llama 3's <|eot_id|>
-    cache_dir: Optional[str] = None        # None: the loader's default ($LOOKAHEAD_CACHE)
-    packages: list[str] = field(default_factory=list)   # import names that ship its weights (checked first)
-    install: Optional[str] = None          # the command that installs them
+    cache_dir: Optional[str] = field(default=None, metadata=ASIDE)   # None: the loader's default ($LOOKAHEAD_CACHE)
+    packages: list[str] = field(default_factory=list, metadata=ASIDE)   # import names that ship its weights (checked first)
+    install: Optional[str] = field(default=None, metadata=ASIDE)   # the command that installs them
     # A named conversation template (experiments/data/templates.py, FastChat's names, e.g. vicuna_v1.1)
     # for every chat prompt, instead of the tokenizer's chat template; None: the tokenizer's template,
     # a plain "User:/Assistant:" transcript without one.
@@ -95,15 +98,16 @@ class ExperimentConfig:
 @dataclass
 class DatasetConfig:
     """Which items: from ``offset`` on, every ``every``-th item of the adapter's list, ``limit`` of
-    them (``[offset : offset + limit]`` when ``every`` is 1), first ``turns`` turns each."""
+    them (``[offset : offset + limit]`` when ``every`` is 1), first ``turns`` turns each. The subset
+    (``ASIDE``) leaves a result's identity: one results file holds any subset of its items."""
 
     name: str = MISSING
-    limit: Optional[int] = None
-    offset: int = 0
+    limit: Optional[int] = field(default=None, metadata=ASIDE)
+    offset: int = field(default=0, metadata=ASIDE)
     # Every K-th item from offset (items spread over a file's categories, e.g. MT-Bench's 8 blocks of 10).
     # auto's calibration items then default to those right after the first one (settings.to_settings).
-    every: int = 1
-    turns: Optional[int] = None            # None: every turn the item has (MT-Bench: 2)
+    every: int = field(default=1, metadata=ASIDE)
+    turns: Optional[int] = field(default=None, metadata=ASIDE)   # None: every turn the item has (MT-Bench: 2)
     prompt_format: Optional[PromptFormat] = None   # None: the adapter's own format
     source: DataSource = DataSource.local   # auto: the hub when the file is missing (needs internet)
     options: dict[str, Any] = field(default_factory=dict)   # adapter constructor arguments

@@ -11,15 +11,12 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import hashlib
 import importlib.util
-import json
 import os
 import re
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from importlib import import_module
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +24,14 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from experiments.config.errors import ConfigError, one_line
+from experiments.config.identity import ASIDE, config_hash, decoder_names, readable, results_name
 from experiments.config.schema import DEVICE_MAPS, DatasetConfig, DType, JobKeys, LinearKernel, ModelConfig, RunConfig
 from experiments.data.datasets import DATASETS, DatasetAdapter, Item, PromptFormat, get_dataset, repo_root
 from experiments.data.templates import PROMPT_TEMPLATES
 from experiments.decoders.registry import DECODERS, Decoder
 from experiments.grading import sandbox
 from lookahead_core.config import DecodeLimits, SamplingConfig
+from lookahead_core.sources import SOURCES
 
 
 # ---------------------------------------------------------------------------------------------
@@ -57,9 +56,16 @@ def load_option(option: str, key: str = "decoders") -> dict[str, Any]:
     defaults = own.pop("defaults", None) or ["_self_"]
     merged: dict[str, Any] = {}
     for entry in defaults:
-        merged.update(own if entry == "_self_" else load_option(entry, key))
-    if "_self_" not in defaults:
-        merged.update(own)
+        merged = merged_over(merged, own if entry == "_self_" else load_option(entry, key))
+    return merged if "_self_" in defaults else merged_over(merged, own)
+
+
+def merged_over(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``over`` merged into ``base`` as Hydra merges configs: mappings key by key (an option's
+    ``sources`` add to those of the option it extends), anything else replaced."""
+    merged = dict(base)
+    for k, v in over.items():
+        merged[k] = merged_over(merged[k], v) if isinstance(v, dict) and isinstance(merged.get(k), dict) else v
     return merged
 
 
@@ -91,6 +97,8 @@ def build_decoder(values: dict[str, Any], name: str, seed: int, key: str) -> tup
     if cls is None:
         raise ConfigError(f"{key}.kind must be one of {', '.join(sorted(DECODERS))}, got {job.kind!r}")
     own = {k: v for k, v in values.items() if k not in JOB_KEYS}
+    for k, v in own.items():
+        _check_source_key(cls, f"{key}.{k}", k, v)
     params = typed(cls.params_schema(), own, key, f"kind {job.kind}", also=JOB_KEYS)
     try:
         return cls(job.name or name, params, seed), job
@@ -99,6 +107,15 @@ def build_decoder(values: dict[str, Any], name: str, seed: int, key: str) -> tup
         first = message.split(" ", 1)[0]
         field_key = f"{key}.{first}" if first in own or hasattr(params, first) else key
         raise ConfigError(f"{field_key}: {message}") from None
+
+
+def _check_source_key(cls: type, key: str, name: str, size: Any) -> None:
+    """A draft source's name as a key of its own (``suffix: 4``, once an alias) is refused with the
+    spelling that sizes it: ``sources: {suffix: 4}``."""
+    fields = {f.name for f in dataclasses.fields(cls.params_schema())}
+    if name in SOURCES and name not in fields and "sources" in fields:
+        raise ConfigError(f"{key}: not a key; size the {name} draft source with sources: {{{name}: {size}}} "
+                          f"(on the command line: +decoding.sources.{name}={size})")
 
 
 def _decoders(run: RunConfig) -> list[tuple[Decoder, JobKeys]]:
@@ -118,10 +135,10 @@ def _decoders(run: RunConfig) -> list[tuple[Decoder, JobKeys]]:
         if not isinstance(option, str):
             raise ConfigError(f"{key}: a conf/decoding option name, or {{use: <option>, ...}}; "
                               f"options: {', '.join(decoding_options())}")
-        values = {**load_option(option, key), **entry}
+        values = merged_over(load_option(option, key), entry)
         cls = DECODERS.get(values.get("kind", "core"))
         accepts = set(JOB_KEYS) | ({f.name for f in dataclasses.fields(cls.params_schema())} if cls else set())
-        values.update({k: v for k, v in delta.items() if k in accepts})
+        values = merged_over(values, {k: v for k, v in delta.items() if k in accepts})
         taken |= accepts
         try:
             built.append(build_decoder(values, values.get("name") or option, run.seed, key))
@@ -129,6 +146,9 @@ def _decoders(run: RunConfig) -> list[tuple[Decoder, JobKeys]]:
             bad = str(err)[len(key) + 1:].split(" ")[0].split(":")[0]
             raise (ConfigError(f"decoding{str(err)[len(key):]}") if bad in delta else err) from None
     unused = [k for k in delta if k not in taken]
+    for k in unused:
+        for decoder, _ in built:
+            _check_source_key(type(decoder), f"decoding.{k}", k, delta[k])
     if unused:
         raise ConfigError(f"decoding.{unused[0]}: no decoder of this job takes it "
                           f"(decoders: {', '.join(d.name for d, _ in built)})")
@@ -150,27 +170,25 @@ class RunSettings:
     baseline: Decoder
     candidates: tuple[Decoder, ...]        # the decoders compared with the baseline (may be empty)
     sampling: SamplingConfig
-    limits: DecodeLimits                   # without EOS ids: those come from the tokenizer
-    config_tag: str
-    data_root: Path
-    results_dir: Path
-    results_file: Path | None
-    device: str
-    seed: int
+    limits: DecodeLimits                   # without EOS ids: those come from the tokenizer (Job.limits)
+    data_root: Path = field(metadata=ASIDE)
+    results_dir: Path = field(metadata=ASIDE)
+    results_file: Path | None = field(metadata=ASIDE)
+    device: str = field(metadata=ASIDE)    # the chip (device_name) tells results apart, not its index
+    seed: int = field(metadata=ASIDE)      # in the results file name of its own
     repeats: int
-    warmup: int
+    warmup: int = field(metadata=ASIDE)
     threads: int | None
     score: bool
     item_temperature: bool = False         # items may carry their own temperature (MT-Bench)
-    time_budget: float | None = None
-    sandbox: str = "bwrap"                 # how generated code runs (not in the fingerprint: same verdicts)
+    time_budget: float | None = field(default=None, metadata=ASIDE)
+    sandbox: str = field(default="bwrap", metadata=ASIDE)   # how generated code runs: same verdicts
     batch_size: int = 1                    # items per batch (each decoder decodes a batch in one call)
     ranks: int = 1                         # lookahead parallelism: torchrun's WORLD_SIZE
     backend: str | None = None             # its process group's backend (None: nccl on CUDA, else gloo)
-    parallel_timeout_s: float = 120.0      # every collective's limit
+    parallel_timeout_s: float = field(default=120.0, metadata=ASIDE)   # every collective's limit
     # The chip (GPU name or CPU model name, experiments.models.loader.device_name), set by the runner
-    # once the device is resolved: it enters the fingerprint in place of ``device``, so that an A100's
-    # and an H100's rows never share a file. None (settings not yet resolved): ``device`` is used.
+    # once the device is resolved, so that an A100's and an H100's rows never share a file.
     device_name: str | None = None
 
     def shares(self, decoder: Decoder) -> bool:
@@ -191,43 +209,25 @@ class RunSettings:
         twin = f"{self.baseline.name.rsplit('@', 1)[0]}@{decoder.linear}"
         return next((d for d in self.decoders if d.name == twin and d is not decoder), self.baseline)
 
-    def fingerprint(self) -> str:
-        """Hash of every setting that changes a result row, except the seed and the item subset.
+    @property
+    def config_tag(self) -> str:
+        """The readable part of the results file name: the decoders' names (``identity.readable``)."""
+        return readable(decoder_names(self), self.seed)
 
-        It names the results file, so a rerun of the same command resumes it and a run with other
-        settings (``max_new_tokens``, dtype, the linear kernel, ...) never mixes its rows into it.
-        Left out: what only names or finds things (the model's name, cache and packages) and how
-        generated code is sandboxed (same verdicts).
-        """
-        skip = ("name", "cache_dir", "packages", "install")
-        payload = {
-            "model": {k: _plain(v) for k, v in asdict(self.model).items() if k not in skip},
-            "experiment": self.experiment,
-            "dataset": [self.dataset.name, self.dataset.options, self.prompt_format.value,
-                        self.dataset.source.value, self.dataset.categories, self.dataset.order.value],
-            "decoders": [d.fingerprint() for d in self.decoders],
-            "sampling": [self.sampling.temperature, self.sampling.top_k, self.sampling.top_p, self.item_temperature],
-            "limits": [self.limits.max_new_tokens, list(self.limits.stop_strings)],
-            # the chip, not the device string: a "cuda" run on an A100 and one on an H100 differ
-            "run": [self.device_name or self.device, self.repeats, self.threads, self.score, self.batch_size],
-            "parallel": [self.ranks, self.backend],   # timings of P ranks never share a file with one process's
-        }
-        blob = json.dumps(payload, sort_keys=True, default=str)
-        # The "h" stops CSV readers from parsing a hash such as "951e9898" as a number.
-        return "h" + hashlib.sha1(blob.encode()).hexdigest()[:8]
+    def fingerprint(self) -> str:
+        """The hash of every setting that differs from its declared default (``identity.config_hash``):
+        it names the results file, so a rerun of the same command resumes it and a run with other
+        settings never mixes its rows into it; the rows carry it (column ``settings``)."""
+        return config_hash(self)
 
     def results_path(self) -> Path:
-        """``results_file``, else ``<results_dir>/<experiment>/<model>/<tag>-<fingerprint>-s<seed>.csv``;
-        its gzip form ``.csv.gz`` where only that exists (committed results are kept compressed; they resume as
-        they are)."""
+        """``results_file``, else ``<results_dir>/<experiment>/<model>/<decoders>-<hash>-s<seed>.csv``
+        (``identity.results_name``); its gzip form ``.csv.gz`` where only that exists (committed
+        results are kept compressed; they resume as they are)."""
         plain = self.results_file or (self.results_dir / self.experiment / self.model.name
-                                      / f"{self.config_tag}-{self.fingerprint()}-s{self.seed}.csv")
+                                      / f"{results_name(self)}.csv")
         packed = plain.with_name(plain.name + ".gz")
         return packed if packed.exists() and not plain.exists() else plain
-
-
-def _plain(value: Any) -> Any:
-    return value.value if isinstance(value, Enum) else value
 
 
 _DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
@@ -295,7 +295,6 @@ def to_settings(cfg: DictConfig, *, device: str | None = None) -> RunSettings:
     if any("@" in name for name in names):
         raise ConfigError(f"decoders: a name may not contain '@' (it marks the kernel of model.linear=both's "
                           f"twins), got {names}")
-    tag = config_tag(baseline, candidates, sampling, item_temperature=job.item_temperature)
     if run.model.linear is LinearKernel.both:
         medusa = [d.name for d in (baseline, *candidates) if d.lookahead is not None
                   and "medusa" in dict(d.lookahead.sources)]
@@ -333,7 +332,6 @@ def to_settings(cfg: DictConfig, *, device: str | None = None) -> RunSettings:
         candidates=candidates,
         sampling=sampling,
         limits=limits,
-        config_tag=tag,
         data_root=_resolve(root, run.data_root),
         results_dir=_resolve(root, run.results_dir),
         results_file=None if run.results_file is None else _resolve(root, run.results_file),
@@ -426,26 +424,6 @@ def check_parallel_backend(settings: RunSettings) -> str:
     except ValueError as err:
         raise ConfigError(f"parallel.backend: {err}") from None
     return backend
-
-
-def with_eos(settings: RunSettings, eos_token_ids: tuple[int, ...]) -> RunSettings:
-    """The settings once the tokenizer has told us its EOS ids."""
-    return replace(settings, limits=replace(settings.limits, eos_token_ids=eos_token_ids))
-
-
-def config_tag(baseline: Decoder, candidates: tuple[Decoder, ...], sampling: SamplingConfig, *,
-               item_temperature: bool = False) -> str:
-    """A readable name of the job, e.g. ``la_N5W15G15``, ``hf_pld+lookahead+auto`` or
-    ``sampling_t1_k0_p1`` (``t-item`` when each item brings its own temperature)."""
-    if len(candidates) > 1:
-        parts = ["+".join(d.name for d in candidates)]
-    else:
-        parts = [(candidates[0] if candidates else baseline).tag()]
-    if item_temperature:
-        parts += ["t-item", f"k{sampling.top_k}", f"p{sampling.top_p:g}"]
-    elif not sampling.greedy:
-        parts += [f"t{sampling.temperature:g}", f"k{sampling.top_k}", f"p{sampling.top_p:g}"]
-    return "_".join(parts)
 
 
 # ---------------------------------------------------------------------------------------------

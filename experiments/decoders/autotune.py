@@ -37,8 +37,9 @@ from tqdm import tqdm
 
 from lookahead_core import cost as cm
 from lookahead_core import decode
-from lookahead_core.config import DecodeLimits, LookaheadConfig, SamplingConfig, config_fields, config_label
+from experiments.config.labels import config_label
 from lookahead_core.capability import device_name
+from lookahead_core.config import DecodeLimits, LookaheadConfig, SamplingConfig, config_fields
 from lookahead_core.drafts import Bins, Counts, DraftStats
 
 CACHE_FORMAT = 1           # bump when what a cached file means changes (its tags, its fields)
@@ -91,7 +92,7 @@ def calibrate(
             model, prompts, limits, grid, always_calibrate=list(always), sampling=sampling,
             progress=lambda message: (bar.set_postfix_str(message), bar.update(1)),
             screen_tokens=max(SCREEN_MIN_TOKENS, limits.max_new_tokens // 2), finalists=finalists,
-            cost_model=cost_model, prior=prior,
+            cost_model=cost_model, prior=prior, namer=config_label,
         )
     record = {
         "chosen": config_label(chosen),

@@ -30,7 +30,8 @@ from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Optional
 
-from lookahead_core.config import DecodeLimits, LookaheadConfig, SamplingConfig, config_fields, config_label
+from experiments.config.identity import ASIDE, differing
+from lookahead_core.config import DecodeLimits, LookaheadConfig, SamplingConfig, config_fields
 
 DECODERS: dict[str, type[Decoder]] = {}
 
@@ -51,11 +52,6 @@ class Generation:
     tokens: list[int]
     state: Any = None                  # the conversation to continue (core decoders), else None
     stats: Any = None                  # lookahead_core.DecodeStats for core decoders, else None
-
-
-# Parameters added after committed results were named: at their default they leave a decoder's
-# fingerprint (and so the results file's name) as it was, and those results resume under it.
-LATER_DEFAULTS: dict[str, Any] = {"drafter": "", "draft_cost": 0.0, "eagle": True}
 
 
 class Decoder:
@@ -87,21 +83,14 @@ class Decoder:
         plain sampling, transformers' decoders)."""
         return None
 
-    def tag(self) -> str:
-        """A readable name for result files, e.g. ``la_N4W5G5``, ``hf_pld_k3``."""
-        return self.name
-
     def columns(self) -> dict[str, Any]:
         """The row's config columns (see ``runner.COLUMNS``); ``params`` holds every setting."""
         return {"params": json.dumps(_plain(self.params), sort_keys=True)}
 
-    def fingerprint(self) -> Any:
-        """What the decoder decodes by: its name, kind and every parameter (but a parameter added
-        after results were named, while it has its default: :data:`LATER_DEFAULTS`)."""
-        params = _plain(self.params)
-        if isinstance(params, dict):
-            params = {k: v for k, v in params.items() if not (k in LATER_DEFAULTS and v == LATER_DEFAULTS[k])}
-        return [self.name, self.kind, params]
+    def identity(self) -> list:
+        """What tells its results apart (``experiments.config.identity``): its name, kind and the
+        parameters that differ from their defaults."""
+        return [self.name, self.kind, differing(self.params)]
 
     def learn(self, generation: Generation) -> None:
         """Called with each evaluated turn's generation (the first repeat's; never the warm-up's),
@@ -128,16 +117,10 @@ def _plain(params: Any) -> Any:
 # The core's decode loop: greedy, lookahead, prompt pool, pool-only, sampling, auto
 
 
-# yaml keys of the core decoders that size a built-in draft source: ``suffix: 4`` is
-# ``sources: {suffix: 4}`` (conf/decoding/lookahead.yaml lists them); a decoder keeps the size in
-# ``sources`` (its params, fingerprint and config), the alias at 0.
-SOURCE_ALIASES: tuple[str, ...] = ("suffix", "recycle")
-
-
 def _core_params() -> type:
     """``lookahead`` (false: the plain greedy / sampling loop) plus every ``LookaheadConfig`` field
     but the seed (the job's), with its type and default: a field added to ``LookaheadConfig`` is a
-    yaml key at once; and the aliases of ``SOURCE_ALIASES``."""
+    yaml key at once."""
     hints = typing.get_type_hints(LookaheadConfig)
     fields = [("lookahead", bool, field(default=True))]
     for f in dataclasses.fields(LookaheadConfig):
@@ -151,32 +134,14 @@ def _core_params() -> type:
         else:
             default = field(default_factory=f.default_factory)
         fields.append((f.name, hint, default))
-    fields += [(alias, int, field(default=0)) for alias in SOURCE_ALIASES]
     # Not LookaheadConfig fields: where the trained drafters of ``sources`` come from.
     fields.append(("heads", str, field(default="")))        # Medusa heads (FasterDecoding's format)
     fields.append(("drafter", str, field(default="")))      # an EAGLE drafter (EAGLE's published layout)
     return dataclasses.make_dataclass("CoreParams", fields)
 
 
-def with_sources(params: Any) -> Any:
-    """``params`` with the sizes its ``SOURCE_ALIASES`` keys give moved into ``sources``; a source
-    sized both ways is refused, naming the key."""
-    sources = dict(params.sources or {})
-    for alias in SOURCE_ALIASES:
-        size = getattr(params, alias)
-        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-            raise ValueError(f"{alias} must be an int >= 0, got {size!r}")
-        if size and alias in sources:
-            raise ValueError(f"{alias} and sources.{alias} both size the {alias} source (got {size} and "
-                             f"{sources[alias]}); give one")
-        if size:
-            sources[alias] = size
-    return dataclasses.replace(params, sources=sources, **{alias: 0 for alias in SOURCE_ALIASES})
-
-
 def lookahead_config(params: Any, seed: int) -> LookaheadConfig | None:
     """The core config a core decoder's params describe (``None``: no lookahead)."""
-    params = with_sources(params)
     core = {f.name for f in dataclasses.fields(LookaheadConfig)}
     values = {f.name: getattr(params, f.name) for f in dataclasses.fields(params) if f.name in core}
     return LookaheadConfig(**values, seed=seed) if params.lookahead else None
@@ -204,7 +169,6 @@ class CoreDecoder(Decoder):
     prior = None                 # draft acceptance (DraftStats) a conversation's first turn starts from
 
     def __init__(self, name: str, params: Any, seed: int = 0) -> None:
-        params = with_sources(params)
         super().__init__(name, params, seed)
         self.config = lookahead_config(params, seed)    # validates (ValueError names the field)
         for key, what in (("heads", "Medusa heads"), ("drafter", "EAGLE drafter")):
@@ -243,10 +207,6 @@ class CoreDecoder(Decoder):
 
                 job.lm.drafters[kind] = load_drafter(folder, job.model)
             print(f"{self.name}: {what} from {folder}")
-
-    def tag(self) -> str:
-        """The config's one name (``lookahead_core.config.config_label``), e.g. ``la_N5W7G7_pool_tree_sfx4_rc4_d6_k56``."""
-        return self.name if self.config is None else config_label(self.config)
 
     def columns(self) -> dict[str, Any]:
         return core_columns(self.config)
@@ -288,7 +248,8 @@ class AutoDecoder(CoreDecoder):
         calibration_tokens: int = 128    # new tokens per calibration decode
         calibration_offset: Optional[int] = None   # first calibration item; None: after the range
         predict: bool = False            # also calibrate the job's other core decoders (predicted vs measured)
-        recalibrate: bool = False        # measure the latency curve and calibrate again, ignoring the caches
+        # measure the latency curve and calibrate again, ignoring the caches (how, not what: ASIDE)
+        recalibrate: bool = field(default=False, metadata=ASIDE)
         # online: calibrate nothing, decode with the widest cost-aware tree (cost.widest_tree), each
         # step cut by its nodes' estimates; grid: calibrate the grid on the calibration items and
         # decode with the predicted fastest (pays where its cached pick is reused, docs/auto.md)
@@ -309,13 +270,6 @@ class AutoDecoder(CoreDecoder):
         self.prior = None                # draft acceptance so far (DraftStats): the next decode's prior
         self.store = None                # autotune.AcceptanceStore the prior goes to
 
-    def fingerprint(self) -> Any:
-        name, kind, params = super().fingerprint()
-        return [name, kind, {k: v for k, v in params.items() if k != "recalibrate"}]   # how, not what
-
-    def tag(self) -> str:
-        return self.name
-
     def learn(self, generation: Generation) -> None:
         """The turn's draft acceptance joins the prior of the next first turn, and the store."""
         if self.prior is None or self.store is None or generation.stats is None:
@@ -333,7 +287,7 @@ class AutoDecoder(CoreDecoder):
         sampling = None if job.settings.sampling.greedy else job.settings.sampling
         path = job.auto_record_path(self.name)
         prompts = [job.prompt_ids(item, 0, ()) for item in items]
-        limits = dataclasses.replace(job.settings.limits, max_new_tokens=params.calibration_tokens)
+        limits = dataclasses.replace(job.limits, max_new_tokens=params.calibration_tokens)
         self.record, self.store, self.prior = autotune.prepare(
             job.lm, job.settings.model.name, job.settings.dataset.name, [item.item_id for item in items], prompts,
             limits, path, protocol=params.protocol, sampling=sampling, always=always, batch=job.settings.batch_size,
@@ -437,9 +391,6 @@ class HFPromptLookup(HFGenerate):
         if params.k < 1 or params.max_matching_ngram < 1:
             raise ValueError(f"k and max_matching_ngram must be >= 1, got {params.k} and {params.max_matching_ngram}")
 
-    def tag(self) -> str:
-        return f"{self.name}_k{self.params.k}"
-
     def columns(self) -> dict[str, Any]:
         return {**super().columns(), "prompt_lookup": self.params.k}
 
@@ -536,7 +487,6 @@ class HFCustomGenerate(HFGenerate):
     Params = _core_params()
 
     def __init__(self, name: str, params: Any, seed: int = 0) -> None:
-        params = with_sources(params)
         super().__init__(name, params, seed)
         self.config = lookahead_config(params, seed)    # validates (ValueError names the field)
         for key in ("heads", "drafter"):

@@ -48,7 +48,7 @@ from experiments.rows.store import ResultStore, sidecar
 from experiments.data.datasets import PromptFormat
 from experiments.data.templates import get_prompt_template
 from experiments.config.schema import DEVICE_MAPS, LinearKernel
-from experiments.config.settings import RunSettings, load_items, plan, with_eos
+from experiments.config.settings import RunSettings, load_items, plan
 from experiments.models.tiny_tokenizer import ByteTokenizer
 from experiments.rows.provenance import git_commit
 
@@ -271,6 +271,7 @@ class Job:
     meter: ForwardMeter
     pad_token_id: int
     constants: dict[str, Any]
+    limits: DecodeLimits                  # the settings' limits with the tokenizer's EOS ids
     assistants: dict[str, tuple[Any, Any]] = field(default_factory=dict)
     sharded: CausalLM | None = None       # lookahead parallelism: the model over the ranks (parallel.ShardedLM)
 
@@ -284,9 +285,8 @@ class Job:
         if settings.threads is not None:
             torch.set_num_threads(settings.threads)
         model, tokenizer = cls._load(settings, settings.model.spec)
-        settings = with_eos(settings, eos_token_ids(model, tokenizer, settings.model.extra_eos_token_ids))
-        eos = settings.limits.eos_token_ids
-        pad = pad_token_id(model, eos)
+        limits = replace(settings.limits, eos_token_ids=eos_token_ids(model, tokenizer, settings.model.extra_eos_token_ids))
+        pad = pad_token_id(model, limits.eos_token_ids)
         spec = settings.model
         constants = {
             "experiment": settings.experiment, "dataset": settings.dataset.name, "model": spec.name,
@@ -311,7 +311,7 @@ class Job:
 
             sharded = ShardedLM(model)
             sharded.drafters = lm.drafters      # one dict: drafters a decoder's prepare() loads serve both
-        return cls(settings, adapter, items, model, tokenizer, lm, ForwardMeter(model), pad, constants, sharded=sharded)
+        return cls(settings, adapter, items, model, tokenizer, lm, ForwardMeter(model), pad, constants, limits, sharded=sharded)
 
     @staticmethod
     def _load(settings: RunSettings, spec: str) -> tuple[Any, Any]:
@@ -364,7 +364,7 @@ class Job:
         """One call of ``decoder`` on the prompts, timed by the forward hooks: ``generate`` for a job
         of batch size 1 (continuing ``states``), else ``generate_batch``, whose call time and
         forwards every sequence's :class:`Timed` shares."""
-        limits, sampling = limits or self.settings.limits, sampling or self.settings.sampling
+        limits, sampling = limits or self.limits, sampling or self.settings.sampling
         with self.kernel(decoder):        # the swap itself is not timed
             self.meter.reset()
             _sync(self.model)
@@ -391,8 +391,7 @@ class Job:
         pass runs, since it compiles the kernels; its time is reported once (``warmup_s`` on every
         row of this job), never in an item's timing."""
         prompts = [self.prompt_ids(item, 0, ()) for item in batch]
-        limits = DecodeLimits(min(WARMUP_TOKENS, self.settings.limits.max_new_tokens),
-                              self.settings.limits.eos_token_ids)
+        limits = replace(self.limits, max_new_tokens=min(WARMUP_TOKENS, self.limits.max_new_tokens), stop_strings=())
         flex = self.lm.attention == "flex_attention"
         started = time.perf_counter()
         for _ in range(max(self.settings.warmup, int(flex))):

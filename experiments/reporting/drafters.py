@@ -28,7 +28,7 @@ from experiments.reporting.tables import cell, markdown
 def label(row: pd.Series) -> str:
     """A row's decoder as the benchmarks name it: a core config's label (``pool_N4G0_tree_md7_d4``,
     ``greedy``), prompt lookup's ``hf_pld_k<k>``, else the decoder's name."""
-    from lookahead_core.config import config_label
+    from experiments.config.labels import config_label
 
     if row["family"] == "core" and not str(row["decoder"]).startswith("auto"):
         return config_label(report.row_config(row["params"]))

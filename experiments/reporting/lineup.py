@@ -45,7 +45,8 @@ from experiments.reporting import report
 from experiments.reporting.drafts import draft_acceptance, draft_reliability, plot_reliability
 from experiments.reporting.tables import cell, markdown
 from experiments.rows.store import sidecar
-from lookahead_core.config import LookaheadConfig, config_label
+from experiments.config.labels import config_label
+from lookahead_core.config import LookaheadConfig
 
 HF_GREEDY, CORE_GREEDY = "hf_greedy", "core_greedy"
 PAIR_WITH_CORE = ["dataset", "item_id"]   # a core decoder's row meets core_greedy's on these

@@ -19,7 +19,7 @@ import cProfile
 import inspect
 import io
 import pstats
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import hydra
@@ -94,8 +94,6 @@ def profile(planned, out: str | Path) -> Path:
     its warm-up), then a cProfile breakdown; the tables go to ``out``."""
     import torch
 
-    from lookahead_core import DecodeLimits
-
     from experiments.decoders.registry import CoreDecoder
     from experiments.job.runner import Job, placed
 
@@ -105,8 +103,7 @@ def profile(planned, out: str | Path) -> Path:
     job = Job.start(placed(settings), adapter, items)
     job.meter.close()     # the core's own step record and cProfile time this view, not the hooks
     prompts = [job.prompt_ids(item, 0, ()) for item in items]
-    eos = job.settings.limits.eos_token_ids
-    limits = DecodeLimits(max_new_tokens=settings.limits.max_new_tokens, eos_token_ids=eos)
+    limits = replace(job.limits, stop_strings=())
     decoders = [d for d in settings.decoders if type(d) is CoreDecoder]
     job.warm_up(items[:1])
     rows, raw = [], []
@@ -118,7 +115,7 @@ def profile(planned, out: str | Path) -> Path:
             decode_s += stats.decode_seconds
             model_s += stats.model_seconds
         profiles = []
-        for limit in (limits, DecodeLimits(max_new_tokens=1, eos_token_ids=eos)):
+        for limit in (limits, replace(limits, max_new_tokens=1)):
             profiler = cProfile.Profile()
             for ids in prompts:
                 profiler.runcall(job.timed, decoder, [ids], limits=limit)

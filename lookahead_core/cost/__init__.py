@@ -7,7 +7,7 @@
 * ``choice``: :func:`choose_config` calibrates a grid on a few prompts and picks the predicted
   fastest (``ChoiceReport`` says why); :func:`choose_for_batch` per batch size;
   :func:`widest_tree` the one cost-aware tree ``auto``'s online protocol decodes with.
-* ``grid``: the configs ``auto`` chooses among (each named by ``lookahead_core.config.config_label``).
+* ``grid``: the configs ``auto`` chooses among.
 """
 
 from .choice import (Calibration, ChoiceReport, choose_config, choose_for_batch, prefilled, step_costs,

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from ..config import DecodeLimits, LookaheadConfig, SamplingConfig, config_fields, config_label
+from ..config import DecodeLimits, LookaheadConfig, SamplingConfig, config_fields
 from ..decoder import DecodeState, DecodeStats, decode
 from ..drafts import DraftStats
 from ..model_io import CausalLM
@@ -52,7 +52,6 @@ class Calibration:
     def row(self) -> dict:
         config = self.config
         return {
-            "decoder": config_label(config),
             "N": None if config is None else config.ngram,
             "W": None if config is None or config.pool_only else config.window,
             "G": None if config is None else config.guess,
@@ -78,6 +77,7 @@ class ChoiceReport:
     calibration_tokens: int = 0
     seconds: float = 0.0
     prior: DraftStats | None = field(default=None, repr=False)   # given to choose_config: no survey ran
+    namer: Callable[[LookaheadConfig | None], str] = field(default=lambda c: described(c), repr=False)   # names a config
 
     @property
     def drafts(self) -> DraftStats | None:
@@ -86,11 +86,11 @@ class ChoiceReport:
         return self.prior or next((c.drafts for c in self.candidates if c.status == "survey"), None)
 
     def rows(self) -> list[dict]:
-        return [c.row() for c in self.candidates]
+        return [{"decoder": self.namer(c.config), **c.row()} for c in self.candidates]
 
     def to_markdown(self) -> str:
         lines = [
-            f"decoding=auto chose **{config_label(self.chosen)}** on {self.cost_model.device} "
+            f"decoding=auto chose **{self.namer(self.chosen)}** on {self.cost_model.device} "
             f"(calibration: {self.calibration_prompts} prompts x {self.calibration_tokens} new tokens, "
             f"{self.seconds:.0f} s).",
             "",
@@ -102,10 +102,19 @@ class ChoiceReport:
             return "" if value is None else format(value, spec)
 
         for c in sorted(self.candidates, key=lambda c: -(c.predicted or 0.0)):
-            lines.append(f"| {config_label(c.config)} | {c.status} | {fmt(c.compression)} | "
+            lines.append(f"| {self.namer(c.config)} | {c.status} | {fmt(c.compression)} | "
                          f"{fmt(c.step_tokens_mean, '.1f')} | {1e3 * c.host_seconds:.2f} | {c.upper_bound:.2f} | "
                          f"{fmt(c.predicted)} | {fmt(c.measured)} |")
         return "\n".join(lines)
+
+
+def described(config: LookaheadConfig | None) -> str:
+    """``greedy``, or the config's fields that differ from their defaults: how this module names a
+    config unless its caller passes a namer."""
+    if config is None:
+        return "greedy"
+    default = LookaheadConfig()
+    return ", ".join(f"{k}={v}" for k, v in config_fields(config).items() if v != getattr(default, k)) or "defaults"
 
 
 def prefilled(model, prompts: Sequence[list[int]]) -> list[DecodeState]:
@@ -142,8 +151,9 @@ def survey_config(grid: Sequence[LookaheadConfig]) -> LookaheadConfig | None:
     >>> deep = LookaheadConfig(window=1, ngram=4, guess=0, pool_only=True, tree=True, sources={"suffix": 1},
     ...                        depth=16, budget=17, step_costs=(1.0,) * 17)
     >>> wide = replace(tree_config(8), step_costs=(1.0,) * 8)            # pool G4, 4 suffix, recycle 4, 6 deep
-    >>> config_label(survey_config([deep, wide, tree_config(64)]))      # the k64 tree has no step costs
-    'pool_N4G4_tree_sfx4_rc4_d16_k17'
+    >>> tree = survey_config([deep, wide, tree_config(64)])             # the k64 tree has no step costs
+    >>> (tree.pool_only, tree.guess, tree.sources, tree.depth, tree.budget)
+    (True, 4, (('recycle', 4), ('suffix', 4)), 16, 17)
     """
     trees = [c for c in grid if c.step_costs]
     if not trees:
@@ -201,6 +211,7 @@ def choose_config(
     screen_tokens: int | None = None,
     finalists: int = 3,
     prior: DraftStats | None = None,
+    namer: Callable[[LookaheadConfig | None], str] | None = None,
 ) -> tuple[LookaheadConfig | None, ChoiceReport]:
     """Pick the config of ``grid`` (default :func:`default_grid`) predicted fastest on this device.
 
@@ -232,11 +243,13 @@ def choose_config(
     S grows with the length of the text (the pool fills up), so S from short calibrations is a
     slight underestimate for long generations. With ``sampling``, every calibration decode samples
     with it (acceptance under sampling is lower than under greedy). Returns
-    ``(config or None, ChoiceReport)``.
+    ``(config or None, ChoiceReport)``; ``namer`` names a config in its progress messages and
+    report (the harness passes its labels; default :func:`described`).
     """
     if not calibration_prompts:
         raise ValueError("choose_config needs at least one calibration prompt")
     say = progress or (lambda message: None)
+    namer = namer or described
     started = time.perf_counter()
     lm = model if isinstance(model, CausalLM) else CausalLM(model)
     grid = list(default_grid() if grid is None else grid)
@@ -263,7 +276,7 @@ def choose_config(
     survey = survey_config(grid) if prior is None else None
 
     def calibrate(config: LookaheadConfig, run_limits: DecodeLimits, status: str, bound: float) -> Calibration:
-        say(f"{status.replace('calibrated', 'calibrating')} {config_label(config)}")
+        say(f"{status.replace('calibrated', 'calibrating')} {namer(config)}")
         stats, seconds = _run_prompts(lm, calibration_prompts, config, run_limits, sampling, states)
         host = max(0.0, stats.decode_seconds - stats.model_seconds) / max(stats.steps, 1)
         predicted = cost_model.predict_steps(config, stats.step_tokens, stats.accepted, host_seconds=host)
@@ -301,7 +314,7 @@ def choose_config(
     winner = max((c for c in results if c.status == "calibrated"), key=lambda c: c.predicted)
     chosen = winner.config if winner.config is not None and winner.predicted > min_speedup else None
     report = ChoiceReport(cost_model, chosen, results, len(calibration_prompts), limits.max_new_tokens,
-                          time.perf_counter() - started, prior)
+                          time.perf_counter() - started, prior, namer)
     return chosen, report
 
 

@@ -11,7 +11,7 @@ from collections import Counter
 import torch
 
 from lookahead_core import CausalLM, DecodeLimits, decode, decode_batch, divergence, probe
-from lookahead_core.config import config_label
+from experiments.config.labels import config_label
 from lookahead_core.flex import FALLBACK_WARNING, rearm_fallback_warning
 
 from .record import Run

@@ -15,7 +15,7 @@ import torch
 
 from lookahead_core import CausalLM, DecodeLimits, decode
 from lookahead_core import cost as cm
-from lookahead_core.config import config_label
+from experiments.config.labels import config_label
 from lookahead_core.flex import FALLBACK_WARNING, rearm_fallback_warning
 
 from .record import Run

@@ -30,7 +30,7 @@ for model in $models; do
             budget=$((1 + 2 * W * (N - 1)))
             linear="window:$W,ngram:$N,guess:$W"
             decoders="[{use:lookahead,name:w${W}_n${N},$linear},{use:lookahead,name:w${W}_n${N}_pool,$linear,prompt_pool:true}"
-            decoders+=",{use:lookahead,name:tree_b${budget}_n${N},$linear,prompt_pool:true,tree:true,suffix:4,recycle:4,budget:$budget}]"
+            decoders+=",{use:lookahead,name:tree_b${budget}_n${N},$linear,prompt_pool:true,tree:true,budget:$budget,sources:{suffix:4,recycle:4}}]"
             for set in $sets; do
                 HF_HUB_OFFLINE=1 python run.py experiment="$set" model="$model" dataset.limit=${LIMIT:-20} \
                     dataset.order=spread dataset.turns=1 experiment.max_new_tokens=${TOKENS:-128} \
