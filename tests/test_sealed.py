@@ -115,21 +115,24 @@ FORGE = """\
     frame.f_globals["_node"] = lambda value, *rest: FORGED if value == "forged" else real(value, *rest)
     return "forged"
 """
-FORGED = {"a type named exec": {"type": "exec"}, "a type named __import__": {"type": "__import__"},
-          "a factory named eval": {"defaultdict": ["eval", []]},
-          "a module tag on a string": {"module": "unittest.__main__"}}  # fmt: skip
+FORGED = {"a type named exec": ({"type": "exec"}, "KeyError: 'exec'"),
+          "a type named __import__": ({"type": "__import__"}, "KeyError: '__import__'"),
+          "a factory named eval": ({"defaultdict": ["eval", []]}, "KeyError: 'eval'"),
+          "a module tag on a string": ({"module": "unittest.__main__"}, REFUSED),
+          "the control: an int": ({"int": "5"}, "")}  # fmt: skip
 
 
 @needs_bwrap
 def test_forged_tags_reach_only_what_the_grader_holds(host: Canaries) -> None:
     """A program that forges its answers' tags names code by its own choice; the grader resolves a
     name only among what it holds (builtin types, a few factories, loaded or allowlisted modules), so
-    each forged answer is refused and the item fails, with no planted code run."""
-    texts = [f"{FORGE.replace('FORGED', repr(node))}{PLANT}\n" for node in FORGED.values()]
+    each forged answer is refused and the item fails, with no planted code run. The control (a
+    forged int, which is data: the program decides what its function returns) shows the forged
+    answer reaches the grader."""
+    texts = [f"{FORGE.replace('FORGED', repr(node))}{PLANT}\n" for node, _ in FORGED.values()]
     results = run_jobs([functools.partial(check_humaneval, HE_MODULE, text, limits=FAST) for text in texts], workers=2)
-    for name, result in zip(FORGED, results):
-        assert not result.passed and result.status in ("failed", "error"), (name, result.status, result.reason)
-        assert "Error" in result.reason or REFUSED in result.reason, (name, result.reason, result.stderr[-500:])
+    for (name, (_, reason)), result in zip(FORGED.items(), results):
+        assert result.passed == (reason == "") and reason in result.reason, (name, result.reason, result.stderr[-500:])
 
 
 @needs_bwrap
