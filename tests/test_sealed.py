@@ -13,7 +13,11 @@ reason, the host unchanged:
 3. **A lent generator's frame.** A test hands the candidate a generator; its ``gi_frame.f_globals``
    would be the test's globals.
 
-Then what each process can read is listed and read whole: no benchmark data, no project source.
+4. **A forged tag.** The program rewrites its own side of the channel to answer with tags that name
+   code (a type, a factory, a module): the grader resolves names only among what it holds.
+
+Then what each process can read, on each benchmark's route, is listed and read: no benchmark data, no
+project source, and no job (every job reaches its process through a boot pipe, never a file).
 """
 
 from __future__ import annotations
