@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import errno
+import marshal
 import os
 import secrets
 import socket
@@ -241,11 +242,28 @@ def test_program_sandbox_argv_separates_the_program_from_the_grader() -> None:
     joined = " ".join(argv)
     for flag in ("--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net",
                  "--unshare-cgroup", "--die-with-parent", "--new-session", "--clearenv", "--ro-bind / /",
-                 "--bind /tmp /tmp", "--tmpfs /proc", f"--tmpfs {sandbox.GRADER_DIR}", "--cap-drop ALL",
-                 f"--uid {SANDBOX_UID}"):  # fmt: skip
+                 "--bind /tmp /tmp", "--tmpfs /proc", "--cap-drop ALL", f"--uid {SANDBOX_UID}"):  # fmt: skip
         assert flag in joined, flag
     assert "--proc" not in argv and f"--size {sandbox.SHM_BYTES} --perms 1777 --tmpfs /dev/shm" in joined
     assert argv[-3:] == ["--", "python", "launcher"]
+
+
+@pytest.mark.parametrize("mode", sandbox.MODES)
+def test_the_job_travels_through_the_boot_pipe_not_a_file(mode: str, tmp_path: Path) -> None:
+    """The sandboxed process's command line is the boot text, its role and descriptors (the job
+    comes through the boot pipe); the only host files bound in are the shown paths and the
+    program's own files in the work directory, and the run's folder holds no job."""
+    binds = sandbox._write_files(tmp_path, {"m.py": "x = 1\n"})
+    assert binds == {"/tmp/m.py": str(tmp_path / "files" / "m.py")}
+    command, _, _ = sandbox._command(mode, tmp_path, binds, Limits(), "grader", (5, 6, 7), None)
+    assert command[command.index("-c"):] == ["-c", launcher.BOOT, "grader", "5", mode, "6", "7"]
+    sources = [command[i + 1] for i, arg in enumerate(command) if arg == "--ro-bind"]
+    assert set(sources) <= {*sandbox.shown_paths(), str(tmp_path / "files" / "m.py")}, sources
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == \
+        ["files", "files/m.py", *(["work", "work/m.py"] if mode == "process" else [])]
+    data = launcher.boot_data(*sandbox._launcher_codes(), {"kind": "script", "source": "pass"})
+    assert "boot_data" in marshal.loads(marshal.loads(data)[0]).co_names and marshal.loads(data)[2] == \
+        '{"kind": "script", "source": "pass"}'
 
 
 class _Ended:

@@ -13,7 +13,11 @@ reason, the host unchanged:
 3. **A lent generator's frame.** A test hands the candidate a generator; its ``gi_frame.f_globals``
    would be the test's globals.
 
-Then what each process can read is listed and read whole: no benchmark data, no project source.
+4. **A forged tag.** The program rewrites its own side of the channel to answer with tags that name
+   code (a type, a factory, a module): the grader resolves names only among what it holds.
+
+Then what each process can read, on each benchmark's route, is listed and read: no benchmark data, no
+project source, and no job (every job reaches its process through a boot pipe, never a file).
 """
 
 from __future__ import annotations
@@ -102,6 +106,37 @@ def test_a_module_tag_runs_no_code_in_the_grader(host: Canaries) -> None:
         detail = result.reason + json.dumps(result.details) + result.stderr
         assert REFUSED in detail, (name, result.reason, result.stderr[-500:])
         assert "Beautiful is better than ugly" not in result.stdout + result.stderr, name   # ``this`` never ran
+
+
+# The program rewrites its own side of the channel: the call's answer becomes FORGED, a node that names code
+# the grader would have to look up (a type, a ``defaultdict`` factory, a module on a plain value).
+FORGE = """\
+    import sys
+    frame = sys._getframe(1)
+    while frame is not None and "_node" not in frame.f_globals:
+        frame = frame.f_back
+    real = frame.f_globals["_node"]
+    frame.f_globals["_node"] = lambda value, *rest: FORGED if value == "forged" else real(value, *rest)
+    return "forged"
+"""
+FORGED = {"a type named exec": ({"type": "exec"}, "KeyError: 'exec'"),
+          "a type named __import__": ({"type": "__import__"}, "KeyError: '__import__'"),
+          "a factory named eval": ({"defaultdict": ["eval", []]}, "KeyError: 'eval'"),
+          "a module tag on a string": ({"module": "unittest.__main__"}, REFUSED),
+          "the control: an int": ({"int": "5"}, "")}  # fmt: skip
+
+
+@needs_bwrap
+def test_forged_tags_reach_only_what_the_grader_holds(host: Canaries) -> None:
+    """A program that forges its answers' tags names code by its own choice; the grader resolves a
+    name only among what it holds (builtin types, a few factories, loaded or allowlisted modules), so
+    each forged answer is refused and the item fails, with no planted code run. The control (a
+    forged int, which is data: the program decides what its function returns) shows the forged
+    answer reaches the grader."""
+    texts = [f"{FORGE.replace('FORGED', repr(node))}{PLANT}\n" for node, _ in FORGED.values()]
+    results = run_jobs([functools.partial(check_humaneval, HE_MODULE, text, limits=FAST) for text in texts], workers=2)
+    for (name, (_, reason)), result in zip(FORGED.items(), results):
+        assert result.passed == (reason == "") and reason in result.reason, (name, result.reason, result.stderr[-500:])
 
 
 @needs_bwrap
@@ -231,24 +266,31 @@ def test_a_lent_generator_shows_its_behaviour_not_its_frame(host: Canaries) -> N
 
 # -- what each process sees ------------------------------------------------------------------------------------
 
-# Lists every path it can reach (not following links; /proc and /dev are the kernel's), notes those
-# outside the ALLOWED prefixes, and reads every readable file whole (gzip opened), looking for MARKERS:
-# given base64-coded, so that its own job file, which the sandbox shows it, does not hold them in clear.
+# Run by ``exec(SCAN, {"ROLE": ..., "FULL": ..., "ROOT": ...})`` in the process under test. Lists every path
+# it can reach under ROOT (not following links; /proc and /dev are the kernel's), notes those outside the
+# SHOWN prefixes and the work directory, and reads every readable file whole (gzip opened), looking for
+# MARKERS (given base64-coded, so that no text that carries the scan holds them in clear). With FULL false
+# only files outside the shown paths are read (the shown paths are the same read-only binds in every run,
+# read whole by the full scans).
 SCAN = """\
 import base64, gzip, json, os
 markers = [base64.b64decode(m) for m in MARKERS]
 hits, files, outside, unreadable = {}, 0, [], 0
-for top, dirs, names in os.walk("/"):
+for top, dirs, names in os.walk(ROOT):
+    dirs.sort()
     if top in ("/proc", "/dev"):
         dirs[:] = []
         continue
-    for name in names:
+    for name in sorted(names):
         path = os.path.join(top, name)
         if os.path.islink(path) or not os.path.isfile(path):
             continue
         files += 1
-        if not path.startswith(ALLOWED):
+        shown = path.startswith(SHOWN)
+        if not shown and not path.startswith("/tmp/"):
             outside.append(path)
+        if shown and not FULL:
+            continue
         try:
             with open(path, "rb") as handle:
                 data = handle.read()
@@ -260,14 +302,17 @@ for top, dirs, names in os.walk("/"):
         for number, marker in enumerate(markers):
             if marker in data and len(hits.setdefault(number, [])) < 3:
                 hits[number].append(path)
-print("SCAN " + json.dumps({"hits": hits, "files": files, "outside": outside[:20], "unreadable": unreadable,
-                          "run": {d: sorted(os.listdir("/run/" + d)) for d in sorted(os.listdir("/run"))}}))
+print("SCAN " + json.dumps({"role": ROLE, "full": FULL, "hits": hits, "files": files, "outside": outside[:20],
+                          "unreadable": unreadable, "top": sorted(os.listdir(ROOT))}),
+      flush=True)
 """
+JOB_CANARY = "job-canary-" + "8d3f0c55a1e9b7e2"   # in clear in every job below: no job may lie in a file
 
 
 def _markers() -> list[str]:
     """What must not be found: a line of each benchmark's canonical solution (the longest of its first
-    item's), and a line of the project's own source outside the two modules that run in the sandbox."""
+    item's), a line of the project's own source outside the two modules that run in the sandbox, and the
+    jobs' canary."""
     import base64
 
     lines = [max((line.strip() for line in get_dataset(name).load(DATA_ROOT)[0].reference.splitlines()), key=len)
@@ -275,31 +320,80 @@ def _markers() -> list[str]:
     for path in ("experiments/grading/sandbox.py", "experiments/grading/grade.py", "experiments/data/datasets.py",
                  "lookahead_core/decoder.py", "tests/conftest.py"):
         lines.append((repo_root() / path).read_text().splitlines()[0].strip('"'))   # its docstring's first line
-    return [base64.b64encode(line.encode()).decode() for line in lines]
+    return [base64.b64encode(line.encode()).decode() for line in [*lines, JOB_CANARY]]
 
 
-def _scanned(result) -> dict:
-    line = next((line for line in result.stdout.splitlines() if line.startswith("SCAN ")), None)
-    assert line is not None, (result.status, result.reason, result.stderr[-1000:])
-    return json.loads(line[len("SCAN "):])
+def _scan_call(role: str, full: bool, root: str) -> str:
+    """One line of Python that runs the scan as ``role``, from ``root`` (an expression)."""
+    shown = tuple(p.rstrip("/") + "/" for p in sandbox.shown_paths())
+    scan = SCAN.replace("MARKERS", repr(_markers())).replace("SHOWN", repr(shown))
+    return f"exec({scan!r}, {{'ROLE': {role!r}, 'FULL': {full!r}, 'ROOT': {root}}})"
+
+
+def _scan_routes(mode: str, root: str = "'/'") -> dict[str, tuple[functools.partial, int]]:
+    """Each benchmark's route, with the scan in the program and in the grader: ``{name: (job, scans)}``,
+    ``scans`` the number of SCAN lines it must print. The program's and the grader's scan on HumanEval
+    read every file; the others list (and read what is not shown)."""
+    limits = Limits(timeout_s=300, memory_mb=2048, disk_mb=16)
+    full = mode == "bwrap"
+    note = f"# {JOB_CANARY}\n"
+    humaneval = he_item(ADD, f"{note}def check(candidate):\n    {_scan_call('grader', full, root)}\n", "add")
+    mbpp = {"task_id": 0, "test_imports": [], "test_setup_code": "", "challenge_test_list": [],
+            "test_list": ["assert add(1, 2) is None", f"assert {_scan_call('grader', False, root)} is None {note}"]}
+    classeval = {"task_id": "ClassEval_scan", "import_statement": [], "test_classes": ["ScanTest"],
+                 "test": f"import unittest\n{note}class ScanTest(unittest.TestCase):\n"
+                         f"    def test_scan(self):\n        {_scan_call('grader', False, root)}\n"}  # fmt: skip
+    program = {name: f"{note}{_scan_call('program', name == 'humaneval' and full, root)}\n"
+               for name in ("humaneval", "mbpp", "classeval")}
+    program["classeval"] = program["classeval"].removeprefix(note)   # its code is a file of the work directory
+    routes = {
+        "humaneval": (functools.partial(check_humaneval, humaneval, f"    return None\n{program['humaneval']}",
+                                        limits=limits, mode=mode), 2),
+        "mbpp": (functools.partial(check_mbpp, mbpp, f"def add(a, b):\n    return None\n{program['mbpp']}",
+                                   limits=limits, mode=mode), 2),
+        "classeval": (functools.partial(check_classeval, classeval, f"class Scanned:\n    pass\n{program['classeval']}",
+                                        limits=limits, mode=mode), 2),
+        "script": (functools.partial(run_code, f"{note}{_scan_call('script', False, root)}\n", limits=limits,
+                                     mode=mode), 1),
+    }  # fmt: skip
+    return routes
+
+
+def _scans(name: str, result, expected: int) -> list[dict]:
+    found = [json.loads(line[len("SCAN "):]) for line in result.stdout.splitlines() if line.startswith("SCAN ")]
+    assert len(found) == expected, (name, result.status, result.reason, result.stdout[-1000:], result.stderr[-1000:])
+    return found
 
 
 @needs_bwrap
 def test_each_process_sees_only_what_it_needs(host: Canaries) -> None:
-    """The program's process (a HumanEval completion) and the grader's view (a plain script runs in
-    the same outer sandbox) list and read every file they can: every one lies under the paths
-    docs/sandbox.md names, and none holds benchmark data or the project's source."""
-    scan = SCAN.replace("MARKERS", repr(_markers()))
-    allowed = tuple(p.rstrip("/") + "/" for p in (*sandbox.shown_paths(), "/tmp", "/run/grader"))
-    scan = scan.replace("ALLOWED", repr(allowed))
-    program = "    " + scan.replace("\n", "\n    ") + "\n    return None\n"
-    limits = Limits(timeout_s=300, memory_mb=2048, disk_mb=16)
-    as_program, as_grader = run_jobs([functools.partial(check_humaneval, HE_MODULE, program, limits=limits),
-                                      functools.partial(run_code, scan, limits=limits)], workers=2)
-    for role, result in (("program", as_program), ("grader", as_grader)):
-        found = _scanned(result)
-        assert found["outside"] == [] and found["files"] > 1000, (role, found)
-        assert found["hits"] == {}, (role, found["hits"])
-    # the grader's folder is hidden from the program (empty); its own launcher came through a pipe
-    assert _scanned(as_program)["run"] == {"grader": []}
-    assert _scanned(as_grader)["run"] == {"grader": ["channel.pyc", "job.json", "launcher.pyc"]}
+    """On each benchmark's route the program's process and the grader's (and a plain script) list
+    every file they can reach and read them: every one lies under the paths docs/sandbox.md names,
+    none holds benchmark data, the project's source or the job (which comes through the boot pipe:
+    no ``/run/grader``, no job file). The program's and the grader's scans on HumanEval read every
+    file; the others read every file outside the shown paths (the same binds in every run)."""
+    routes = _scan_routes("bwrap")
+    results = run_jobs([job for job, _ in routes.values()], workers=2)
+    scans = [(name, scan) for (name, (_, count)), result in zip(routes.items(), results)
+             for scan in _scans(name, result, count)]
+    assert {(name, scan["role"]) for name, scan in scans} == {*((n, r) for n in ("humaneval", "mbpp", "classeval")
+                                                                for r in ("program", "grader")), ("script", "script")}
+    full = [scan for _, scan in scans if scan["full"]]
+    assert len(full) == 2, [(name, scan["role"], scan["full"]) for name, scan in scans]
+    for name, scan in scans:
+        where = (name, scan["role"])
+        assert scan["outside"] == [] and scan["files"] > 1000, (where, scan)
+        assert scan["hits"] == {}, (where, scan["hits"])
+        assert "run" not in scan["top"] and scan["top"] == full[0]["top"], (where, scan["top"])
+
+
+def test_no_job_lies_in_a_file_under_the_process_sandbox() -> None:
+    """``sandbox=process`` has no private view, so the run's own folder is what either process could
+    find a job in: the program's and the grader's scan of it (the work directory's parent, every file
+    read) find no job, and no benchmark data or project source."""
+    routes = _scan_routes("process", root="__import__('os').path.dirname(__import__('os').getcwd())")
+    results = [job() for job, _ in routes.values()]
+    for (name, (_, count)), result in zip(routes.items(), results):
+        for scan in _scans(name, result, count):
+            assert scan["hits"] == {} and scan["files"] >= 1, (name, scan)
+            assert "work" in scan["top"] and "stdout" in scan["top"], (name, scan["top"])

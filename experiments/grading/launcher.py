@@ -1,18 +1,18 @@
 """The launcher inside the sandbox: the grader's process, the program's, or a plain script.
 
-``python -I -S launcher.pyc ROLE ...`` (compiled once per host process by ``sandbox.py`` and
-bound read-only into the grader's folder of the sandbox, beside ``channel.pyc``):
+Each process starts from :data:`BOOT` (``python -I -S -c BOOT ROLE BOOT_FD ...``, :func:`boot_argv`)
+and reads this launcher's code, the channel's and its job from its boot pipe (:func:`boot_data`),
+which the host writes for the grader and a script, and the grader for the program: no file of the
+project, and no job file, is in the sandbox. The roles:
 
-* ``grader MODE JOB NONCE_FD RESULT_FD``: starts the program's process first (nested ``bwrap``
+* ``grader BOOT_FD MODE NONCE_FD RESULT_FD``: starts the program's process first (nested ``bwrap``
   under ``MODE=bwrap``: :func:`program_sandbox_argv`), then takes the nonce, runs the benchmark's
   test with the program's names reached through :mod:`channel`, and writes the one result record
   carrying the nonce.
-* the program's process starts from :data:`BOOT` (``python -c``) and reads this launcher, the
-  channel and its job from a pipe the grader writes (no file of the project is in its sandbox); it
-  runs the program (HumanEval's prompt and completion, MBPP's code, ClassEval's module), says
-  whether it is ready, then answers the grader's requests.
-* ``script JOB NONCE_FD RESULT_FD``: a plain program with no grader; it passes when it runs to its
-  end (the reference graders, the sandbox's own tests).
+* ``program BOOT_FD REQUEST_FD REPLY_FD``: runs the program (HumanEval's prompt and completion,
+  MBPP's code, ClassEval's module), says whether it is ready, then answers the grader's requests.
+* ``script BOOT_FD NONCE_FD RESULT_FD``: a plain program with no grader; it passes when it runs to
+  its end (the reference graders, the sandbox's own tests).
 
 Standard library only, and little of it at import: every graded item starts two of these.
 """
@@ -30,7 +30,6 @@ from typing import Any
 
 SANDBOX_UID = SANDBOX_GID = 65534
 WORK_DIR = "/tmp"                     # inside the sandbox: cwd, HOME and TMPDIR, a tmpfs of disk_mb
-GRADER_DIR = "/run/grader"           # inside: the grader's launcher and job, read-only (hidden from the program)
 SHM_BYTES = 1 << 20
 EXITED_EARLY = "exited before the tests finished"
 PROGRAM_NAME = "program.py"
@@ -111,12 +110,6 @@ def _executed(source: str, namespace: dict[str, Any], filename: str = PROGRAM_NA
     return None
 
 
-def _compiled(name: str) -> bytes:
-    """The marshalled code of ``name.pyc`` beside this launcher (the grader's folder)."""
-    with open(os.path.join(os.path.dirname(__file__), f"{name}.pyc"), "rb") as handle:
-        return handle.read()[16:]                                  # past the .pyc header
-
-
 def _module(name: str, code: bytes) -> Any:
     """A module run from marshalled ``code``, outside ``sys.modules`` (a program's ``import`` does
     not reach it)."""
@@ -140,25 +133,40 @@ def _start(job: dict[str, Any]) -> dict[str, Any]:
     return job
 
 
-# -- the program's process ------------------------------------------------------------------------
+# -- the boot pipe ----------------------------------------------------------------------------------
 
 
-# The program's process starts from this text (``python -c BOOT BOOT_FD REQUEST_FD REPLY_FD``): it reads
-# this launcher's code, the channel's and its job from the boot pipe (:func:`_send_boot`), then runs
-# :func:`_program`. So no file of the project is in its sandbox to read.
+# Every sandboxed process starts from this text (``python -c BOOT ROLE BOOT_FD ...``): it reads this
+# launcher's code, the channel's and the role's job (JSON) from the boot pipe, closes it, then runs
+# the role with them and the rest of its arguments.
 BOOT = """import marshal, os, sys
-fd, data = int(sys.argv[1]), b""
+fd, data = int(sys.argv[2]), b""
 while chunk := os.read(fd, 1 << 16):
     data += chunk
 os.close(fd)
 launcher, channel, job = marshal.loads(data)
 space = {"__name__": "launcher"}
 exec(marshal.loads(launcher), space)
-space["_program"](channel, job, *sys.argv[2:])
+space["ROLES"][sys.argv[1]](launcher, channel, job, *sys.argv[3:])
 """
 
 
-def _program(channel_code: bytes, job_text: str, request_fd: str, reply_fd: str) -> None:
+def boot_argv(role: str, boot_fd: int, *args: Any) -> list[str]:
+    """The command line of a sandboxed process: :data:`BOOT` reading ``boot_fd``, then ``role``."""
+    return [sys.executable, "-I", "-S", "-B", "-X", "utf8", "-c", BOOT, role, str(boot_fd), *map(str, args)]
+
+
+def boot_data(launcher_code: bytes, channel_code: bytes, job: Mapping[str, Any]) -> bytes:
+    """What a boot pipe carries: the launcher's and the channel's marshalled code, and the job."""
+    import marshal
+
+    return marshal.dumps((launcher_code, channel_code, json.dumps(job)))
+
+
+# -- the program's process ------------------------------------------------------------------------
+
+
+def _program(launcher_code: bytes, channel_code: bytes, job_text: str, request_fd: str, reply_fd: str) -> None:
     """Entry point of the program's process: run the program, say whether it is ready, then answer
     the grader's requests on its namespace until the grader closes the channel."""
     job = _start(json.loads(job_text))
@@ -195,13 +203,12 @@ def program_sandbox_argv(command: Sequence[str]) -> list[str]:
     """The nested ``bwrap`` command line that the grader runs the program's process under, inside
     the sandbox both share: a new user, pid, ipc, uts, net and cgroup namespace (the grader's
     process is not in its pid namespace: it cannot be seen, signalled or traced), no ``/proc`` at
-    all, the grader's files hidden, its own ``/dev/shm``, the one shared place the work
-    directory. Everything of the outer sandbox (read-only host, rlimits, seccomp) holds too."""
+    all, its own ``/dev/shm``, the one shared place the work directory. Everything of the outer sandbox (read-only host, rlimits, seccomp) holds too."""
     argv = ["bwrap", "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net",
             "--unshare-cgroup", "--die-with-parent", "--new-session", "--clearenv"]  # fmt: skip
     for name, value in sandbox_env(WORK_DIR).items():
         argv += ["--setenv", name, value]
-    argv += ["--ro-bind", "/", "/", "--bind", WORK_DIR, WORK_DIR, "--tmpfs", "/proc", "--tmpfs", GRADER_DIR,
+    argv += ["--ro-bind", "/", "/", "--bind", WORK_DIR, WORK_DIR, "--tmpfs", "/proc",
              "--size", str(SHM_BYTES), "--perms", "1777", "--tmpfs", "/dev/shm", "--chdir", WORK_DIR,
              "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_GID), "--cap-drop", "ALL"]  # fmt: skip
     return [*argv, "--", *command]
@@ -244,20 +251,17 @@ def _spawn_program(mode: str) -> tuple[_Child, int, int, int]:
             os.set_inheritable(fd, fd in (boot_r, request_r, reply_w))
         except OSError:
             continue
-    command = [sys.executable, "-I", "-S", "-B", "-X", "utf8", "-c", BOOT, str(boot_r), str(request_r), str(reply_w)]
+    command = boot_argv("program", boot_r, request_r, reply_w)
     process = _Child(program_sandbox_argv(command) if mode == "bwrap" else command)
     for fd in (boot_r, request_r, reply_w):
         os.close(fd)
     return process, boot_w, reply_r, request_w
 
 
-def _send_boot(boot_w: int, job: dict[str, Any]) -> None:
+def _send_boot(boot_w: int, launcher_code: bytes, channel_code: bytes, job: Mapping[str, Any]) -> None:
     """Write the program's launcher, channel and job (its program, and the package path) to its boot
     pipe, and close it; a program's process that already ended reads none of it."""
-    import marshal
-
-    program = json.dumps({**job["program"], "path": job["path"]})
-    data = marshal.dumps((_compiled("launcher"), _compiled("channel"), program))
+    data = boot_data(launcher_code, channel_code, {**job["program"], "path": job["path"]})
     try:
         while data:
             data = data[os.write(boot_w, data):]
@@ -316,17 +320,18 @@ def _program_gone(process: Any, mode: str, why: str) -> tuple[str, str, dict[str
     return "failed", EXITED_EARLY, {}
 
 
-def _grade(mode: str, job_path: str, nonce_fd: str, result_fd: str) -> None:
+def _grade(launcher_code: bytes, channel_code: bytes, job_text: str, mode: str, nonce_fd: str,
+           result_fd: str) -> None:
     """Entry point of the grader's process: start the program's process, take the nonce, run the
     benchmark's test here with the program's names reached through the channel, write the record."""
     process, boot_w, reply_r, request_w = _spawn_program(mode)   # first: its start overlaps ours
     nonce = _take_nonce(nonce_fd)
     out = int(result_fd)
     _undumpable()
-    job = _start(_read_job(job_path))
+    job = _start(json.loads(job_text))
     _seal_imports(os.getcwd())
-    _send_boot(boot_w, job)
-    channel = _module("channel", _compiled("channel"))
+    _send_boot(boot_w, launcher_code, channel_code, job)
+    channel = _module("channel", channel_code)
     remote = channel.Remote(channel.Pipes(reply_r, request_w, time.monotonic() + job["timeout_s"] + 5))
     status, reason, details = "failed", "", {}
     try:
@@ -418,20 +423,15 @@ def _run_unittest(job: Mapping[str, Any], remote: Any) -> tuple[str, str, dict[s
 # -- a plain script (no grader: it passes when it runs to its end) ----------------------------------
 
 
-def _script(job_path: str, nonce_fd: str, result_fd: str) -> None:
+def _script(launcher_code: bytes, channel_code: bytes, job_text: str, nonce_fd: str, result_fd: str) -> None:
     nonce = _take_nonce(nonce_fd)
     out = int(result_fd)
     os.set_inheritable(out, False)
-    job = _start(_read_job(job_path))
+    job = _start(json.loads(job_text))
     if job.get("guard"):
         _install_guard(os.getcwd())
     status, reason, details = _executed(job["source"], {}) or ("passed", "", {})
     _record(out, nonce, status, reason, details)
-
-
-def _read_job(path: str) -> dict[str, Any]:
-    with open(path, encoding="utf-8") as handle:
-        return json.load(handle)
 
 
 def _take_nonce(fd: str) -> str:
@@ -446,10 +446,4 @@ def _record(out: int, nonce: str, status: str, reason: str, details: dict[str, A
     os.write(out, (json.dumps({"nonce": nonce, "status": status, "reason": reason, "details": details}) + "\n").encode())
 
 
-_ROLES = {"grader": _grade, "script": _script}
-
-
-
-
-if __name__ == "__main__":
-    _ROLES[sys.argv[1]](*sys.argv[2:])
+ROLES = {"grader": _grade, "program": _program, "script": _script}

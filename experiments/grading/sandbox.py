@@ -24,7 +24,7 @@ sandbox. The grader (``launcher._grade``) holds the nonce (handed over through a
 anything else runs) and the result descriptor, and runs the benchmark's own test. It starts the
 program's process (``launcher._program``) first, under a nested ``bwrap`` (``launcher.program_sandbox_argv``):
 its own user and pid namespace (the grader is not in it: not visible, not signalled, not traced),
-no ``/proc``, the grader's files hidden, no descriptor but its channel's two pipes, the work
+no ``/proc``, no descriptor but its channel's two pipes, the work
 directory shared. The test reaches the program's functions, classes and objects through
 :mod:`experiments.grading.channel`: every value crosses as data, so a value that lies about
 equality, or a rebound builtin, stays in the program's process. The grader writes one record
@@ -60,8 +60,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from experiments.grading.launcher import (EXITED_EARLY, GRADER_DIR, SAFE_PATH, SANDBOX_GID,
-                                         SANDBOX_UID, SHM_BYTES, WORK_DIR, sandbox_env)
+from experiments.grading.launcher import (EXITED_EARLY, SAFE_PATH, SANDBOX_GID, SANDBOX_UID, SHM_BYTES,
+                                         WORK_DIR, boot_argv, boot_data, sandbox_env)
 
 Status = Literal["passed", "failed", "timeout", "error"]
 MODES: tuple[str, ...] = ("bwrap", "process")
@@ -181,8 +181,8 @@ def bwrap_argv(command: Sequence[str], limits: Limits, *, as_root: bool, shown: 
 
     The root is an empty tmpfs. ``shown``: host paths shown at the same place, read-only (a
     symbolic link as the same link); ``masked``: directories among them covered by an empty tmpfs.
-    ``binds``: ``{inside path: host path}`` read-only binds, set up after the work tmpfs (the job,
-    the launcher, the program's files).
+    ``binds``: ``{inside path: host path}`` read-only binds, set up after the work tmpfs (the
+    program's files).
     ``seccomp_fd``: a descriptor holding :func:`seccomp_filter`'s program.
     As root, bwrap keeps only CAP_SETUID/CAP_SETGID and ``setpriv`` drops to nobody and clears
     every capability before Python starts; as a user, a user namespace maps nobody to that user.
@@ -372,20 +372,14 @@ def _verdict(record: dict[str, Any] | None, timed_out: bool, cpu_s: float, limit
 
 
 @functools.cache
-def _launcher_files() -> dict[str, bytes]:
-    """``launcher.py`` and ``channel.py``, compiled once per process (``launcher.pyc``,
-    ``channel.pyc``): every sandboxed run then skips compiling them."""
-    import importlib.util
+def _launcher_codes() -> tuple[bytes, bytes]:
+    """``launcher.py`` and ``channel.py``, compiled and marshalled once per process for the boot
+    pipes: every sandboxed run then skips compiling them."""
     import marshal
 
     here = Path(__file__).resolve()
-    files = {}
-    for source in (here.with_name("launcher.py"), here.with_name("channel.py")):
-        text = source.read_bytes()
-        header = importlib.util.MAGIC_NUMBER + (0b01).to_bytes(4, "little") \
-            + importlib.util.source_hash(text)                              # hash-based, unchecked
-        files[f"{source.stem}.pyc"] = header + marshal.dumps(compile(text, str(source), "exec", dont_inherit=True))
-    return files
+    return tuple(marshal.dumps(compile(source.read_bytes(), str(source), "exec", dont_inherit=True))
+                 for source in (here.with_name("launcher.py"), here.with_name("channel.py")))
 
 
 @functools.cache
@@ -397,24 +391,32 @@ def _package_dirs() -> list[str]:
     return [p for p in (*site.getsitepackages(), *user) if os.path.isdir(p)]
 
 
-def _write_job(root: Path, job: Mapping[str, Any], files: Mapping[str, str] | None) -> dict[str, str]:
-    """The launcher's job (a graded job's carries the program's, ``job["program"]``, which the grader
-    hands the program's process through a pipe) and the launcher's files in ``root / "grader"``, the
-    program's files in ``root / "files"``; returns the read-only binds ``{inside: host}``."""
-    (root / "grader").mkdir()
-    (root / "grader" / "job.json").write_text(json.dumps({**job, "path": _package_dirs()}), encoding="utf-8")
-    for name, compiled in _launcher_files().items():
-        (root / "grader" / name).write_bytes(compiled)
-    binds = {GRADER_DIR: str(root / "grader")}
+def _write_files(root: Path, files: Mapping[str, str] | None) -> dict[str, str]:
+    """The program's files in ``root / "files"``; returns the read-only binds ``{inside: host}``
+    that show them in the work directory."""
+    binds = {}
     (root / "files").mkdir()
     for name, content in (files or {}).items():
         if Path(name).name != name or name in ("", ".", ".."):
             raise ValueError(f"file name {name!r} must be a plain name in the work directory")
         (root / "files" / name).write_text(content, encoding="utf-8")
         binds[f"{WORK_DIR}/{name}"] = str(root / "files" / name)
-    for path in (root, *root.iterdir(), *(p for d in root.iterdir() for p in d.iterdir())):
+    for path in (root, root / "files", *(root / "files").iterdir()):
         path.chmod(0o755 if path.is_dir() else 0o644)
     return binds
+
+
+def _feed(fd: int, data: bytes, deadline: float) -> None:
+    """Write ``data`` to the pipe ``fd`` as its reader takes it, then close it; stop early where the
+    reader ended or ``deadline`` passed (the run's own wait then says why)."""
+    os.set_blocking(fd, False)
+    try:
+        while data and select.select([], [fd], [], max(0.0, deadline - time.monotonic()))[1]:
+            data = data[os.write(fd, data):]
+    except BrokenPipeError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _pipe_with(data: bytes) -> int:
@@ -428,13 +430,13 @@ def _pipe_with(data: bytes) -> int:
 def _command(mode: str, root: Path, binds: Mapping[str, str], limits: Limits, role: str,
              fds: Sequence[int], seccomp_fd: int | None) -> tuple[list[str], Path, dict[str, str]]:
     """(argv, cwd, env) of one run: prlimit + bwrap + launcher, or prlimit + launcher (process).
-    ``role``: ``grader`` (it starts the program's process itself) or ``script``."""
-    flags = [sys.executable, "-I", "-S", "-B", "-X", "utf8"]
+    ``role``: ``grader`` (it starts the program's process itself) or ``script``; ``fds``: its boot
+    pipe, the nonce's and the result descriptor."""
+    boot, *rest = fds
+    launcher = boot_argv(role, boot, *([mode] if role == "grader" else []), *rest)
     if mode == "bwrap":
         as_root = os.geteuid() == 0
         nproc = _thread_count(SANDBOX_UID if as_root else os.getuid()) + limits.max_processes
-        where = [mode] if role == "grader" else []
-        launcher = [*flags, f"{GRADER_DIR}/launcher.pyc", role, *where, f"{GRADER_DIR}/job.json", *map(str, fds)]
         inner = bwrap_argv(launcher, limits, as_root=as_root, shown=shown_paths(), masked=masked_paths(),
                            binds=binds, seccomp_fd=seccomp_fd)  # fmt: skip
         return [*prlimit_argv(limits, nproc), *inner], root, {"PATH": SAFE_PATH}
@@ -443,9 +445,6 @@ def _command(mode: str, root: Path, binds: Mapping[str, str], limits: Limits, ro
     for inside, host in binds.items():
         if inside.startswith(WORK_DIR + "/"):
             shutil.copyfile(host, work / Path(inside).name)
-    where = [mode] if role == "grader" else []
-    launcher = [*flags, str(root / "grader" / "launcher.pyc"), role, *where, str(root / "grader" / "job.json"),
-                *map(str, fds)]  # fmt: skip
     nproc = _thread_count(os.getuid()) + limits.max_processes
     return [*prlimit_argv(limits, nproc), *launcher], work, sandbox_env(str(work))
 
@@ -463,28 +462,32 @@ def run_job(job: Mapping[str, Any], limits: Limits = Limits(), files: Mapping[st
     # named by the grading process, so that what it leaves behind is told from other processes' runs
     with tempfile.TemporaryDirectory(prefix=f"lookahead-sandbox-{os.getpid()}-") as tmp:
         root = Path(tmp)
-        binds = _write_job(root, {**job, "timeout_s": limits.timeout_s}, files)
+        binds = _write_files(root, files)
+        boot = boot_data(*_launcher_codes(), {**job, "timeout_s": limits.timeout_s, "path": _package_dirs()})
+        boot_r, boot_w = os.pipe()
         nonce_r = _pipe_with(nonce.encode())
         seccomp_r = _pipe_with(seccomp) if seccomp is not None else None
         result_r, result_w = os.pipe()
-        inherited = [fd for fd in (nonce_r, result_w, seccomp_r) if fd is not None]
+        inherited = [fd for fd in (boot_r, nonce_r, result_w, seccomp_r) if fd is not None]
         start = time.monotonic()
         try:
             role = "grader" if "program" in job else "script"
-            command, cwd, env = _command(mode, root, binds, limits, role, (nonce_r, result_w), seccomp_r)
+            command, cwd, env = _command(mode, root, binds, limits, role, (boot_r, nonce_r, result_w), seccomp_r)
             with open(root / "stdout", "wb") as out, open(root / "stderr", "wb") as err:
                 proc = subprocess.Popen(command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out,
                                         stderr=err, pass_fds=inherited, start_new_session=True)  # fmt: skip
             for fd in inherited:  # the child has them; the result pipe then ends when it does
                 os.close(fd)
             inherited = []
+            _feed(boot_w, boot, start + limits.timeout_s)      # its job: through the pipe, never a file
+            boot_w = None
             wait_status, timed_out, cpu_s = _wait(proc.pid, limits.timeout_s)
             proc.returncode = os.waitstatus_to_exitcode(wait_status)  # reaped by _wait
             if mode == "process":  # its leftover helpers (bwrap's die with its pid namespace)
                 _kill_group(proc.pid)
             record = _record(_read_all(result_r), nonce)
         finally:
-            for fd in (*inherited, result_r):
+            for fd in (*inherited, result_r, *([boot_w] if boot_w is not None else [])):
                 os.close(fd)
         seconds = time.monotonic() - start
         status, reason = _verdict(record, timed_out, cpu_s, limits, wait_status)
