@@ -11,7 +11,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 
 from . import sources as _sources
-from .layout import window_rows as _window_rows
+
+
+def window_rows(window: int, levels: int) -> int:
+    """The Jacobi window's rows: tokens the input token and a window of ``levels`` filled levels feed
+    (here, torch-free, so that a config validates before torch loads; ``layout`` builds on it)."""
+    return 1 + (window - 1) + (levels - 1) * window if levels else 1
 
 
 def _require(ok: bool, message: str) -> None:
@@ -133,7 +138,7 @@ class LookaheadConfig:
     @property
     def window_rows(self) -> int:
         """Tokens the input token and a warmed-up window feed: 1 + (W-1) + (N-2)*W, or 1 pool-only."""
-        return 1 if self.pool_only else _window_rows(self.window, self.ngram - 1)
+        return 1 if self.pool_only else window_rows(self.window, self.ngram - 1)
 
     @property
     def parallel_units(self) -> int:

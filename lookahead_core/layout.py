@@ -45,6 +45,8 @@ from functools import cached_property, lru_cache
 
 import torch
 
+from .config import window_rows
+
 
 @dataclass(frozen=True)
 class Draft:
@@ -184,11 +186,6 @@ class StepLayout:
     def window_rows(self) -> int:
         """Rows of the input token plus the window (the tree starts here)."""
         return window_rows(self.window, self.levels)
-
-
-def window_rows(window: int, levels: int) -> int:
-    """Tokens the input token and a window of ``levels`` filled levels feed."""
-    return 1 + (window - 1) + (levels - 1) * window if levels else 1
 
 
 def _row_coordinates(window: int, levels: int, nodes: int):
