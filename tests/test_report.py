@@ -66,8 +66,10 @@ def test_throughput_counts_each_call_once_whatever_the_batch_sizes_in_the_file()
         {"batch_size": None, "batch": None, "turn": 1, "seed": 0, "new_tokens": 5, "batch_new_tokens": None,
          "decode_s": 1.0},
     ])
-    assert report._throughput(df) == (10 + 30 + 5) / (2.0 + 3.0 + 1.0)
-    assert report._throughput(df.iloc[1:3]) == 10.0
+    calls = report._calls(df)
+    assert len(calls) == 3 and calls["batch_new_tokens"].sum() == 10 + 30 + 5 and calls["decode_s"].sum() == 6.0
+    calls = report._calls(df.iloc[1:3])
+    assert calls["batch_new_tokens"].sum() / calls["decode_s"].sum() == 10.0
 
 
 def specbench_rows() -> pd.DataFrame:
