@@ -55,6 +55,18 @@ def test_rouge_table_formats_mean_and_interval() -> None:
     assert table["difference"].str.contains(r"\[-0\.\d{3}, 0\.\d{3}\]").all()
 
 
+def test_one_summary_groups_by_any_keys_against_any_decoder() -> None:
+    df = rows(0.0, n=4).assign(batch_size=1, batch=None, batch_new_tokens=None, wall_s=1.0, tokens_per_s=5.0,
+                               step_tokens_mean=1.0)
+    table = report.summarize(df, by=["dataset"], with_baseline=True)
+    assert list(table.decoder) == ["sampling", "lookahead"] and list(table.dataset) == ["cnndm", "cnndm"]
+    assert "speedup" not in table.iloc[0] or pd.isna(table.iloc[0]["speedup"])   # the baseline on itself
+    assert table.iloc[1]["speedup"] == 0.5 and table.iloc[1]["calls"] == 4 and table.iloc[1]["call_decode_s"] == 8.0
+    assert table.iloc[1]["throughput"] == 40 / 8.0 and table.iloc[1]["S_mean"] == 1.25
+    against = report.summarize(df, baseline="lookahead")   # the flagged baseline tested against another
+    assert list(against.decoder) == ["sampling"] and against.iloc[0]["speedup"] == 2.0
+
+
 def test_throughput_counts_each_call_once_whatever_the_batch_sizes_in_the_file() -> None:
     # One call of one sequence (batch_size 1, batch 1: 10 tokens in 2 s), then a call of two
     # sequences that is also "batch 1" (batch_size 2: 30 tokens in 3 s), and a row from before the
@@ -66,8 +78,10 @@ def test_throughput_counts_each_call_once_whatever_the_batch_sizes_in_the_file()
         {"batch_size": None, "batch": None, "turn": 1, "seed": 0, "new_tokens": 5, "batch_new_tokens": None,
          "decode_s": 1.0},
     ])
-    assert report._throughput(df) == (10 + 30 + 5) / (2.0 + 3.0 + 1.0)
-    assert report._throughput(df.iloc[1:3]) == 10.0
+    calls = report._calls(df)
+    assert len(calls) == 3 and calls["batch_new_tokens"].sum() == 10 + 30 + 5 and calls["decode_s"].sum() == 6.0
+    calls = report._calls(df.iloc[1:3])
+    assert calls["batch_new_tokens"].sum() / calls["decode_s"].sum() == 10.0
 
 
 def specbench_rows() -> pd.DataFrame:

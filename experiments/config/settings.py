@@ -187,7 +187,7 @@ class RunSettings:
     ranks: int = 1                         # lookahead parallelism: torchrun's WORLD_SIZE
     backend: str | None = None             # its process group's backend (None: nccl on CUDA, else gloo)
     parallel_timeout_s: float = field(default=120.0, metadata=ASIDE)   # every collective's limit
-    # The chip (GPU name or CPU model name, experiments.models.loader.device_name), set by the runner
+    # The chip (GPU name or CPU model name, lookahead_core.capability.device_name), set by the runner
     # once the device is resolved, so that an A100's and an H100's rows never share a file.
     device_name: str | None = None
 

@@ -38,6 +38,7 @@ from tqdm import tqdm
 from lookahead_core import cost as cm
 from lookahead_core import decode
 from experiments.config.labels import config_label
+from experiments.reporting.calibration import calibration_markdown
 from lookahead_core.capability import device_name
 from lookahead_core.config import DecodeLimits, LookaheadConfig, SamplingConfig, config_fields
 from lookahead_core.drafts import Bins, Counts, DraftStats
@@ -107,7 +108,7 @@ def calibrate(
         # The acceptance per (tag, depth) the cost-aware decodes started from, and where it came from.
         "draft_prior": None if report.drafts is None else report.drafts.counts.table(by_source=False),
         "draft_prior_source": "stored" if prior is not None else ("survey" if report.drafts is not None else None),
-        "markdown": "#### decoding=auto / cost model calibration\n\n" + report.to_markdown()
+        "markdown": "#### decoding=auto / cost model calibration\n\n" + calibration_markdown(report)
                     + "\n\nForward latency t(k)/t(1) on this device: "
                     + ", ".join(f"{k}: {r:.2f}" for k, r in report.cost_model.relative()),
         **(extra or {}),

@@ -71,19 +71,22 @@ def load_costs(path: Path) -> dict[int, cm.CostModel]:
     return {int(B): cm.CostModel.from_rows(group.to_dict("records")) for B, group in df.groupby("batch")}
 
 
-def summarize(df: pd.DataFrame) -> pd.DataFrame:
-    """Per dataset, decoder and B: tokens/s (sum of tokens / sum of decode time over the batches),
-    the speedup over hf_greedy on the same batches, mean per-sequence S, identical outputs."""
-    batches = df.drop_duplicates(["dataset", "B", "batch", "decoder"])
-    agg = batches.groupby(["dataset", "decoder", "B"]).agg(
-        batches=("batch", "count"), new_tokens=("batch_new_tokens", "sum"), decode_s=("batch_decode_s", "sum"))
-    agg["tokens_per_s"] = agg["new_tokens"] / agg["decode_s"]
-    seq = df.groupby(["dataset", "decoder", "B"]).agg(
-        S=("S", lambda s: pd.to_numeric(s, errors="coerce").mean()), identical=("matches_hf_greedy", "mean"))
-    table = agg.join(seq).reset_index()
-    base = table[table.decoder == BASELINE].set_index(["dataset", "B"])["tokens_per_s"]
-    table["speedup"] = table["tokens_per_s"] / [base[(d, b)] for d, b in zip(table.dataset, table.B)]
-    return table
+def summarize(raw: pd.DataFrame) -> pd.DataFrame:
+    """Per dataset, decoder and B, from the jobs' harness rows (``report.load_results``) through the
+    harness's summary (``report.summarize``, grouped by dataset and B): tokens/s (the batches' new
+    tokens / their decode time, sum over sum), the speedup over hf_greedy's tokens/s on the same
+    batches, mean per-sequence S of the core decoders, the share of sequences identical to hf_greedy."""
+    raw = raw.sort_values(["batch", "item_id"], kind="stable")     # sums in the order of rows.csv.gz
+    table = harness_report.summarize(raw, by=["dataset", "batch_size"], with_baseline=True)
+    core = set(raw.loc[raw["family"] == "core", "decoder"])
+    base = table[table.decoder == BASELINE].set_index(["dataset", "batch_size"])["throughput"]
+    return pd.DataFrame({
+        "dataset": table["dataset"], "decoder": table["decoder"], "B": table["batch_size"].astype(int),
+        "batches": table["calls"], "new_tokens": table["call_new_tokens"], "decode_s": table["call_decode_s"],
+        "tokens_per_s": table["throughput"], "S": table["S_mean"].where(table["decoder"].isin(core)),
+        "identical": table["matches_greedy"].fillna(1.0).astype(float),
+        "speedup": table["throughput"] / [base[key] for key in zip(table["dataset"], table["batch_size"])],
+    }).sort_values(["dataset", "decoder", "B"]).reset_index(drop=True)
 
 
 def predictions(df: pd.DataFrame, costs: dict[int, cm.CostModel]) -> pd.DataFrame:
@@ -214,7 +217,7 @@ def write(folder: Path) -> str:
     raw = harness_report.load_results([folder])
     df = bench_rows(raw)
     df.to_csv(folder / "rows.csv.gz", index=False)
-    summary = summarize(df)
+    summary = summarize(raw)
     summary.to_csv(folder / "summary.csv", index=False)
     model = ", ".join(raw["model"].dropna().unique())
     png = plot(summary, folder / "speedup_vs_batch.png", model)

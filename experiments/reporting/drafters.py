@@ -55,13 +55,11 @@ def role(label: str) -> str:
 def summary(df: pd.DataFrame) -> list[dict]:
     """One model and set's rows: the baseline's summary row, then each decoder's against it (the
     harness's :func:`experiments.reporting.report.summarize`, rows of several jobs pooled)."""
-    df = df.assign(**{key: "+".join(dict.fromkeys(df[key].astype(str))) for key in ("config", "settings")})
-    base = df[df["baseline"].fillna(False)]
-    rows = []
-    if len(base):
-        row = report.summarize_decoder(tuple(base[report.GROUP].iloc[0]), base, base)
-        rows.append({**row, "speedup": 1.0, "speedup_median": 1.0, "matches_greedy": 1.0})
-    rows += report.summarize(df).to_dict("records") if (~df["baseline"].fillna(False)).any() else []
+    df = report.one_setup(df)
+    rows = report.summarize(df, with_baseline=True).to_dict("records")
+    baseline = set(df.loc[df["baseline"].fillna(False).astype(bool), "decoder"])
+    rows = [{**row, "speedup": 1.0, "speedup_median": 1.0, "matches_greedy": 1.0} if row["decoder"] in baseline
+            else row for row in rows]
     labels = labels_of(df)
     return [{**row, "label": labels[row["decoder"]]} for row in rows]
 

@@ -49,7 +49,6 @@ from experiments.config.labels import config_label
 from lookahead_core.config import LookaheadConfig
 
 HF_GREEDY, CORE_GREEDY = "hf_greedy", "core_greedy"
-PAIR_WITH_CORE = ["dataset", "item_id"]   # a core decoder's row meets core_greedy's on these
 
 # The paper's linear lookahead: every other LookaheadConfig field (token trees, the draft sources,
 # budgets, costs) extends it.
@@ -84,17 +83,19 @@ def _config_from_row(row) -> Any:
     return report.row_config(row["params"]) if row["family"] == "core" else None
 
 
+def speedup_vs_core(df: pd.DataFrame) -> pd.Series:
+    """Per decoder, the ratio of summed decode time of ``core_greedy`` to its own on the same items
+    (the harness's summary against ``core_greedy``)."""
+    return report.summarize(report.one_setup(df), baseline=CORE_GREEDY).set_index("decoder")["speedup"]
+
+
 def summarize(df: pd.DataFrame, baseline: str = HF_GREEDY) -> pd.DataFrame:
     """One row per decoder (the baseline first): the harness's summary (experiments.reporting.report) with
     the config's label, N/W/G and the ratio of summed decode time against ``core_greedy``."""
-    # One folder is one lineup: rows resumed by a later version of the code carry another config tag
-    # and settings hash, but pool with the earlier ones.
-    df = df.assign(**{key: "+".join(dict.fromkeys(df[key].astype(str))) for key in ("config", "settings")})
-    table = report.summarize(df)
-    base = df[df["decoder"] == baseline]
-    base_row = report.summarize_decoder(tuple(base[report.GROUP].iloc[0]), base, base) if len(base) else None
-    rows = ([base_row] if base_row else []) + table.to_dict("records")
-    core = df[df["decoder"] == CORE_GREEDY][[*PAIR_WITH_CORE, "decode_s"]]
+    df = report.one_setup(df)
+    rows = report.summarize(df, with_baseline=True).to_dict("records")
+    has_core = (df["decoder"] == CORE_GREEDY).any()
+    vs_core = speedup_vs_core(df) if has_core else None
     out = []
     for row in rows:
         group = df[df["decoder"] == row["decoder"]]
@@ -105,9 +106,8 @@ def summarize(df: pd.DataFrame, baseline: str = HF_GREEDY) -> pd.DataFrame:
                    speedup_sum=row.get("speedup", 1.0) if row["decoder"] != baseline else 1.0)
         if row["decoder"] == baseline:
             row.update(speedup_median=1.0, speedup_e2e=1.0, speedup=1.0)
-        if first["family"] == "core" and len(core):
-            paired = group.merge(core, on=PAIR_WITH_CORE, suffixes=("", "_core"))
-            row["speedup_vs_core"] = paired["decode_s_core"].sum() / paired["decode_s"].sum()
+        if first["family"] == "core" and has_core:
+            row["speedup_vs_core"] = vs_core.get(row["decoder"], 1.0)     # core_greedy: itself
         row["match_hf_greedy"] = 1.0 if row["decoder"] == baseline else row["matches_greedy"]
         out.append(row)
     return pd.DataFrame(out)
@@ -142,7 +142,7 @@ def predicted_vs_measured(df: pd.DataFrame, calibration: dict) -> pd.DataFrame:
     from lookahead_core import cost as cm
 
     cost = cm.CostModel.from_rows(calibration["latency"])
-    core = df[df["decoder"] == CORE_GREEDY][[*PAIR_WITH_CORE, "decode_s"]]
+    measured = speedup_vs_core(df)
     auto = calibration.get("chosen")
     greedy_host = candidates["greedy"]["host_ms_per_step"] / 1e3 if "greedy" in candidates else None
     out = []
@@ -158,7 +158,6 @@ def predicted_vs_measured(df: pd.DataFrame, calibration: dict) -> pd.DataFrame:
         accepted_total = int(group["new_tokens"].sub(1).sum())
         accepted = [accepted_total / len(step_tokens)] * len(step_tokens)
         host = calib["host_ms_per_step"] / 1e3 if calib is not None else greedy_host
-        paired = group.merge(core, on=PAIR_WITH_CORE, suffixes=("", "_core"))
         out.append({
             "decoder": name, "config": label, "calibration": calib["status"] if calib is not None else "not run",
             "S_calibration": calib["S"] if calibrated else float("nan"),
@@ -168,7 +167,7 @@ def predicted_vs_measured(df: pd.DataFrame, calibration: dict) -> pd.DataFrame:
             "predicted_calibration": calib["predicted_speedup"] if calibrated else float("nan"),
             "predicted_oracle_S": cost.predict_steps(config, step_tokens, accepted, host_seconds=host),
             "best_cut": cost.best_cut(committed, host_seconds=host),
-            "measured": paired["decode_s_core"].sum() / paired["decode_s"].sum(),
+            "measured": measured[name],
             "measured_calibration_run": calib["calibration_measured_speedup"] if calibrated else float("nan"),
         })
     return pd.DataFrame(out)

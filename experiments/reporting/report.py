@@ -107,26 +107,38 @@ def load_results(paths: Iterable[str | Path]) -> pd.DataFrame:
     return df
 
 
-def summarize(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per run setup and decoder under test, against the setup's paired baseline rows
-    (a setup that ran only its baseline reports on the baseline itself)."""
+def one_setup(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` as one run setup: rows resumed by a later version of the code carry another config tag
+    and settings hash, but pool with the earlier ones (one folder of a lineup is one setup)."""
+    return df.assign(**{key: "+".join(dict.fromkeys(df[key].astype(str))) for key in ("config", "settings")})
+
+
+def summarize(df: pd.DataFrame, by: Sequence[str] = GROUP, baseline: str | None = None,
+              with_baseline: bool = False) -> pd.DataFrame:
+    """The one summary of rows: one row per group of ``by`` (the run setup unless told) and decoder
+    under test, against the group's baseline rows: those flagged ``baseline``, or ``baseline``'s rows
+    where a decoder is named. ``with_baseline``: the baseline's own row first in each group (a group
+    that ran only its baseline reports on the baseline itself either way)."""
     rows = []
-    for keys, group in df.groupby(GROUP, sort=True):
-        base = group[group["baseline"].fillna(False)]
-        cand = group[~group["baseline"].fillna(False)]
-        for decoder in (list(dict.fromkeys(cand["decoder"])) or list(dict.fromkeys(base["decoder"]))):
-            rows.append(summarize_decoder(keys, base, group[group["decoder"] == decoder]))
+    for keys, group in df.groupby(list(by), sort=True):
+        keys = keys if isinstance(keys, tuple) else (keys,)
+        is_base = group["decoder"] == baseline if baseline else group["baseline"].fillna(False).astype(bool)
+        base = group[is_base]
+        tested = list(dict.fromkeys(group.loc[~is_base, "decoder"]))
+        bases = list(dict.fromkeys(base["decoder"]))
+        for decoder in (bases if with_baseline or not tested else []) + tested:
+            rows.append(summarize_decoder(keys, base, group[group["decoder"] == decoder], by))
     return pd.DataFrame(rows)
 
 
-def summarize_decoder(keys: tuple, base: pd.DataFrame, tested: pd.DataFrame) -> dict:
-    """One row of :func:`summarize`: the rows ``tested`` (one decoder) of the setup ``keys`` (values of
-    :data:`GROUP`), paired per item, turn and seed with the baseline rows ``base`` for speedups and
-    quality differences. Where every row of ``tested`` is a baseline row (a baseline reported on
-    itself, e.g. ``base`` passed as both), the row has no ``against``, speedup or ``_base`` keys.
-    Keys come in a fixed order; the quality ones only where the rows have those metrics."""
-    row = dict(zip(GROUP, keys, strict=True))
+def summarize_decoder(keys: tuple, base: pd.DataFrame, tested: pd.DataFrame, by: Sequence[str] = GROUP) -> dict:
+    """One row of :func:`summarize`: the rows ``tested`` (one decoder) of the group ``keys`` (values of
+    ``by``), paired per item, turn and seed with the baseline rows ``base`` for speedups and quality
+    differences. Where ``tested`` is the baseline itself, the row has no ``against``, speedup or
+    ``_base`` keys. Keys come in a fixed order; the quality ones only where the rows have those metrics."""
+    row = dict(zip(by, keys, strict=True))
     steps = tested["steps"].sum()
+    calls = _calls(tested)
     row.update(
         decoder=tested["decoder"].iloc[0],
         max_new_tokens=int(tested["max_new_tokens"].iloc[0]),
@@ -135,10 +147,14 @@ def summarize_decoder(keys: tuple, base: pd.DataFrame, tested: pd.DataFrame) -> 
         seeds=tested["seed"].nunique(),
         new_tokens=tested["new_tokens"].mean(),
         S=(tested["new_tokens"] - 1).clip(lower=0).sum() / steps if steps else 1.0,
+        S_mean=tested["S"].mean(),
         tokens_per_step=tested["step_tokens_mean"].mean(),
         tok_s=_ratio(tested["new_tokens"].sum(), tested["decode_s"].sum()),   # per sequence
         batch_size=int(tested["batch_size"].fillna(1).max()),
-        throughput=_throughput(tested),
+        calls=len(calls),
+        call_new_tokens=calls["batch_new_tokens"].sum(),
+        call_decode_s=calls["decode_s"].sum(),
+        throughput=_ratio(calls["batch_new_tokens"].sum(), calls["decode_s"].sum()),
         tok_s_median=tested["tokens_per_s"].median(),
         tok_s_q1=tested["tokens_per_s"].quantile(0.25),
         tok_s_q3=tested["tokens_per_s"].quantile(0.75),
@@ -146,7 +162,7 @@ def summarize_decoder(keys: tuple, base: pd.DataFrame, tested: pd.DataFrame) -> 
         overhead=tested["overhead_frac"].mean(),
     )
     row.update(_quality(tested, suffix=""))
-    if not tested["baseline"].fillna(False).all():
+    if not set(tested["decoder"]) <= set(base["decoder"]):
         paired = tested.merge(base, on=PAIR_WITH_BASELINE, suffixes=("", "_base"))
         row.update(
             against=base["decoder"].iloc[0] if len(base) else None,
@@ -165,16 +181,15 @@ def summarize_decoder(keys: tuple, base: pd.DataFrame, tested: pd.DataFrame) -> 
     return row
 
 
-def _throughput(rows: pd.DataFrame) -> float:
-    """Tokens/s of whole calls: each call's new tokens (every sequence of its batch) over its
-    decode time, summed over calls. With batch size 1 it is ``tok_s``; rows written before the
-    batch columns count as calls of one sequence each."""
+def _calls(rows: pd.DataFrame) -> pd.DataFrame:
+    """One row per generate call (a batch, or a row of its own at batch size 1): its new tokens, every
+    sequence of its batch (``batch_new_tokens``), and its ``decode_s``. Rows written before the batch
+    columns count as calls of one sequence each."""
     solo = rows["batch"].isna()
     calls = rows.assign(batch_size=rows["batch_size"].fillna(1),
                         batch=rows["batch"].where(~solo, -1.0 - pd.Series(range(len(rows)), index=rows.index)),
                         batch_new_tokens=rows["batch_new_tokens"].where(~solo, rows["new_tokens"]))
-    calls = calls.drop_duplicates(["batch_size", "batch", "turn", "seed"])   # a file may hold several sizes
-    return _ratio(calls["batch_new_tokens"].sum(), calls["decode_s"].sum())
+    return calls.drop_duplicates(["batch_size", "batch", "turn", "seed"])   # a file may hold several sizes
 
 
 def _ratio(numerator: float, denominator: float) -> float:

@@ -88,24 +88,12 @@ class ChoiceReport:
     def rows(self) -> list[dict]:
         return [{"decoder": self.namer(c.config), **c.row()} for c in self.candidates]
 
-    def to_markdown(self) -> str:
-        lines = [
-            f"decoding=auto chose **{self.namer(self.chosen)}** on {self.cost_model.device} "
-            f"(calibration: {self.calibration_prompts} prompts x {self.calibration_tokens} new tokens, "
-            f"{self.seconds:.0f} s).",
-            "",
-            "| config | status | S | tokens/step | host ms/step | upper bound | predicted | measured (calib.) |",
-            "|---|---|---|---|---|---|---|---|",
-        ]
-
-        def fmt(value, spec=".2f"):
-            return "" if value is None else format(value, spec)
-
-        for c in sorted(self.candidates, key=lambda c: -(c.predicted or 0.0)):
-            lines.append(f"| {self.namer(c.config)} | {c.status} | {fmt(c.compression)} | "
-                         f"{fmt(c.step_tokens_mean, '.1f')} | {1e3 * c.host_seconds:.2f} | {c.upper_bound:.2f} | "
-                         f"{fmt(c.predicted)} | {fmt(c.measured)} |")
-        return "\n".join(lines)
+    def summary(self) -> str:
+        """One line: the pick, the device and what the calibration cost (the harness renders
+        :meth:`rows` as its table)."""
+        return (f"decoding=auto chose **{self.namer(self.chosen)}** on {self.cost_model.device} "
+                f"(calibration: {self.calibration_prompts} prompts x {self.calibration_tokens} new tokens, "
+                f"{self.seconds:.0f} s).")
 
 
 def described(config: LookaheadConfig | None) -> str:
