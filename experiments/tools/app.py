@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Sequence
-from typing import NoReturn, TypeVar
+from dataclasses import dataclass, field
+from typing import NoReturn, Optional, TypeVar
 
 from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
@@ -14,6 +15,8 @@ from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 from experiments.config.errors import ConfigError, one_line
+from experiments.config.schema import ModelConfig
+from experiments.config.settings import check_packages
 from experiments.data.datasets import repo_root
 
 T = TypeVar("T")
@@ -96,3 +99,28 @@ def launch(config_name: str, app: Callable[[], None], check: Callable[[DictConfi
         except ConfigError as err:
             fail(str(err))
     app()
+
+
+@dataclass
+class Training:
+    """What a drafter's training config (``conf/medusa.yaml``, ``conf/eagle.yaml``) holds besides its own
+    fields: the base model (``model``, the harness's group), where the drafter goes, and the run."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    out: Optional[str] = None              # the drafter's folder; None: the cache's, keyed by model.name
+    show: bool = False                     # print where the drafter is and how it did; train nothing
+    tokens: int = 120_000                  # corpus tokens
+    steps: int = 1000
+    eval_every: int = 50                   # held-out evaluation and checkpoint every this many steps
+    seed: int = 0
+    threads: Optional[int] = None          # torch.set_num_threads; None keeps torch's default
+    device: str = "cpu"
+
+
+def check_training(s: Training, tool: str) -> None:
+    """The checks every drafter's training shares (ConfigError naming the key): counts, threads, the
+    model's packages, PyTorch's linear layers."""
+    at_least_one(s, "tokens", "steps", "eval_every")
+    at_least_one_or_null(s, "threads")
+    check_packages(s.model)
+    stock_kernel(s.model, tool)

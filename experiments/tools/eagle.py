@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -47,29 +47,22 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from experiments.config.errors import ConfigError
-from experiments.config.schema import ModelConfig
-from experiments.config.settings import check_packages
 from experiments.data.datasets import repo_root
 from experiments.tools import app
 from experiments.tools.distill import CHUNK, Checkpoint, distil, write_curve
 
 
 @dataclass
-class EagleTrainConfig:
-    """``conf/eagle.yaml``: the base model (``model``, the harness's group) and the training."""
+class EagleTrainConfig(app.Training):
+    """``conf/eagle.yaml``: the base model and the run (:class:`app.Training`), and EAGLE's training."""
 
-    model: ModelConfig = field(default_factory=ModelConfig)
-    out: Optional[str] = None              # the drafter's folder; None: the cache's, keyed by model.name
-    show: bool = False                     # print where the drafter is and how it did; train nothing
     version: int = 3                       # 3: EAGLE-3 (fused layers, own head, training-time test);
                                            # 1: EAGLE-1/2 (the last layer's feature, feature + token loss)
     ttt: int = 7                           # EAGLE-3: draft steps unrolled in training (its training-time test)
     layer_ids: Optional[list[int]] = None  # EAGLE-3: the base's layers fused; None: 1, L/2 - 1, L - 4
-    tokens: int = 120_000                  # corpus tokens
-    answers: float = 0.5                   # their share that is the base's own greedy answers to requests
-                                           # drawn from the standard library's docstrings (the rest: its
-                                           # code and docstrings, half each)
-    steps: int = 1000
+    answers: float = 0.5                   # the corpus's share that is the base's own greedy answers to
+                                           # requests drawn from the standard library's docstrings (the
+                                           # rest: its code and docstrings, half each)
     batch: int = 4                         # chunks per step (CHUNK - 1 positions each)
     ce_positions: int = 256                # positions per step scored by the LM head's cross-entropy
     ce_weight: float = 0.1
@@ -77,10 +70,6 @@ class EagleTrainConfig:
     depth: int = 4                         # held-out chain acceptance measured to this depth
     draft_vocab: int = 0                   # the head's vocabulary: this many of the training text's most
                                            # frequent tokens (0: all of the base's)
-    eval_every: int = 50                   # held-out evaluation and checkpoint every this many steps
-    seed: int = 0
-    threads: Optional[int] = None          # torch.set_num_threads; None keeps torch's default
-    device: str = "cpu"
 
 
 ConfigStore.instance().store(name="eagle_schema", node=EagleTrainConfig)
@@ -90,7 +79,8 @@ def check(cfg: DictConfig) -> EagleTrainConfig:
     """The composed config as a :class:`EagleTrainConfig`; a value out of range (or a model whose
     packages are missing) is a ConfigError naming its key."""
     s = OmegaConf.to_object(cfg)
-    app.at_least_one(s, "tokens", "steps", "batch", "ce_positions", "depth", "eval_every")
+    app.check_training(s, "drafter training")
+    app.at_least_one(s, "batch", "ce_positions", "depth", "ttt")
     app.positive(s, "lr", "ce_weight")
     if s.draft_vocab < 0:
         raise ConfigError(f"draft_vocab: must be 0 (the whole vocabulary) or more, got {s.draft_vocab}")
@@ -98,7 +88,6 @@ def check(cfg: DictConfig) -> EagleTrainConfig:
         raise ConfigError(f"answers: a share of the corpus in [0, 1), got {s.answers}")
     if s.version not in (1, 3):
         raise ConfigError(f"version: 1 (EAGLE-1/2) or 3 (EAGLE-3), got {s.version}")
-    app.at_least_one(s, "ttt")
     if s.version == 1 and s.layer_ids is not None:
         raise ConfigError("layer_ids: EAGLE-1/2 reads the last layer only; set version=3 to fuse layers")
     if s.layer_ids is not None and (not s.layer_ids or min(s.layer_ids) < 0):
@@ -106,11 +95,6 @@ def check(cfg: DictConfig) -> EagleTrainConfig:
     if max(s.depth, s.ttt) >= CHUNK - 1:
         raise ConfigError(f"{'depth' if s.depth >= s.ttt else 'ttt'}: must be below the chunk length {CHUNK - 1}, "
                           f"got {max(s.depth, s.ttt)}")
-    if s.depth >= CHUNK - 1:
-        raise ConfigError(f"depth: must be below the chunk length {CHUNK - 1}, got {s.depth}")
-    app.at_least_one_or_null(s, "threads")
-    check_packages(s.model)
-    app.stock_kernel(s.model, "drafter training")
     return s
 
 

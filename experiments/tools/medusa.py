@@ -28,39 +28,28 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from experiments.config.errors import ConfigError
-from experiments.config.schema import ModelConfig
-from experiments.config.settings import check_packages
 from experiments.data.datasets import repo_root
 from experiments.tools import app
 from experiments.tools.distill import CHUNK, Checkpoint, distil, write_curve
 
 
 @dataclass
-class MedusaConfig:
-    """``conf/medusa.yaml``: the base model (``model``, the harness's group) and the training."""
+class MedusaConfig(app.Training):
+    """``conf/medusa.yaml``: the base model and the run (:class:`app.Training`; the corpus half code,
+    half prose), and the heads' training."""
 
-    model: ModelConfig = field(default_factory=ModelConfig)
-    out: Optional[str] = None              # the heads' folder; None: the cache's, keyed by model.name
-    show: bool = False                     # print where the heads are and how they did; train nothing
     heads: int = 4
     layers: int = 1                        # residual blocks per head
-    tokens: int = 120_000                  # corpus tokens (half code, half prose)
-    steps: int = 1000
     batch: int = 256                       # positions per step
     lr: float = 1e-3
-    eval_every: int = 50                   # held-out evaluation and checkpoint every this many steps
-    seed: int = 0
-    threads: Optional[int] = None          # torch.set_num_threads; None keeps torch's default
-    device: str = "cpu"
 
 
 ConfigStore.instance().store(name="medusa_schema", node=MedusaConfig)
@@ -70,13 +59,11 @@ def check(cfg: DictConfig) -> MedusaConfig:
     """The composed config as a :class:`MedusaConfig`; a value out of range (or a model whose
     packages are missing) is a ConfigError naming its key."""
     s = OmegaConf.to_object(cfg)
-    app.at_least_one(s, "heads", "layers", "tokens", "steps", "batch", "eval_every")
+    app.check_training(s, "head training")
+    app.at_least_one(s, "heads", "layers", "batch")
     if s.heads >= CHUNK:
         raise ConfigError(f"heads: must be below the chunk length {CHUNK}, got {s.heads}")
     app.positive(s, "lr")
-    app.at_least_one_or_null(s, "threads")
-    check_packages(s.model)
-    app.stock_kernel(s.model, "head training")
     return s
 
 

@@ -12,8 +12,12 @@ import io  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 from pathlib import Path  # noqa: E402
+from typing import TYPE_CHECKING  # noqa: E402
 
 from .report import summary  # noqa: E402
+
+if TYPE_CHECKING:
+    from .shapes import Plan
 
 OUT_FILES = ("summary.md", "run.json", "log.txt", "correctness.csv", "latency.csv", "host.csv", "projection.csv")
 

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from experiments.reporting.tables import markdown as _markdown
+
+if TYPE_CHECKING:
+    from .record import Run
 
 
 def markdown(rows: list[dict], columns: list[str]) -> str:
