@@ -18,7 +18,7 @@ loop's host work), in ms, so a curve that falls short can be traced to the part 
 ``--dtypes float32 bfloat16`` times the other dtype too (PyTorch's layers only: the kernel is
 float32), each against its own dtype's one-token forward (results/scaling/README.md quotes it).
 
-Writes ``curves.csv.gz`` (one row per model, kernel, k and round: ms; and ``parts.csv`` with
+Writes ``curves.csv`` (one row per model, kernel, k and round: ms; and ``parts.csv`` with
 ``--parts``) and prints the tables results/kernels and docs/cpu_kernels.md show.
 """
 
@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> None:
                 kv=args.kv, torch=torch.__version__)
     args.out.mkdir(parents=True, exist_ok=True)
     table = pd.DataFrame(rows)
-    table.assign(**host).to_csv(args.out / "curves.csv.gz", index=False, float_format="%.4g")
+    table.assign(**host).to_csv(args.out / "curves.csv", index=False, float_format="%.4g")
     print(markdown(ratio_table(table)))
     if part_rows:
         split = pd.DataFrame(part_rows)

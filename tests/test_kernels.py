@@ -190,7 +190,7 @@ def test_kernel_curves_script_times_every_kernel_and_size_in_each_round(tmp_path
                      "--dtypes", "float32", "bfloat16", "--kv", "16", "--out", str(tmp_path)])
     finally:
         torch.set_num_threads(threads)
-    table = pd.read_csv(tmp_path / "curves.csv.gz")
+    table = pd.read_csv(tmp_path / "curves.csv")
     streams = [f"stream-{isa}" for isa in kernels.host_isas() if kernels.unavailable(isa) is None]
     want = sorted([("bfloat16", "stock", k, r) for k in (1, 3) for r in (1, 2, 3)]
                   + [("float32", linear, k, r) for linear in ["stock", *streams] for k in (1, 3) for r in (1, 2, 3)])
