@@ -540,7 +540,19 @@ def _guess(tag: str, depth: int) -> float | None:
 
 
 class Proposer:
-    """Any subset of sources, merged into one tree and cut to the step's token budget."""
+    """Any subset of sources, merged into one tree and cut to the step's token budget.
+
+    With ``step_costs`` (a cut that feeds only what pays on this device) a source none of whose
+    nodes the cut fed for ``IDLE_STEPS`` steps in a row naps: it is not asked to propose (nor are
+    logits' top-k computed for it) for 1 step, then, each time it is asked and again feeds nothing,
+    twice as many, up to ``MAX_NAP``; a step in which it feeds wakes it for good. So where no draft
+    pays at the acceptance learnt, a step feeds the one token a greedy step feeds and the sources'
+    host work fades with their drafts, while a source whose text starts to pay (a copy begins) is
+    heard again within ``MAX_NAP`` steps. Sources that draft on the device (``launch``) never nap,
+    and every source is still updated every step (its index or table stays current)."""
+
+    IDLE_STEPS = 4
+    MAX_NAP = 64
 
     def __init__(self, sources: Sequence[DraftSource], *, merge: bool, budget: int = 0,
                  window: JacobiWindow | None = None, stats: DraftStats | None = None,
@@ -550,7 +562,10 @@ class Proposer:
         self.step_costs = tuple(step_costs)           # relative cost of a k-token step, k = 1 .. budget
         self.recycle_window = recycle_window          # the step keeps every window row's logits
         self.stats = stats if stats is not None else DraftStats()
-        self.topk = max((s.topk for s in self.sources), default=0)
+        self._step = 0
+        self._quiet = [0] * len(self.sources)         # steps in a row the source fed nothing
+        self._nap = [0] * len(self.sources)           # its last nap's length (0: never napped since it fed)
+        self._wake = [0] * len(self.sources)          # the step from which it is asked again
         earlier = self.stats.prior.carried if self.stats.prior is not None else {}
         for source in self.sources:                   # sources that keep what they learn across decodes
             if hasattr(source, "carry"):
@@ -574,16 +589,39 @@ class Proposer:
         return cls(sources, merge=config.tree, budget=config.budget, window=window, stats=stats,
                    recycle_window=config.recycle_window, step_costs=config.step_costs)
 
+    @property
+    def topk(self) -> int:
+        """Top-k successors per computed row the sources asked this step want (0: none)."""
+        return max((s.topk for i, s in enumerate(self.sources) if self._awake(i)), default=0)
+
+    def _awake(self, index: int) -> bool:
+        return self._wake[index] <= self._step
+
     def propose(self, context: Sequence[int], window_rows: int) -> DraftTree:
-        tree = build_tree([d for s in self.sources for d in s.propose(context)], self.merge)
+        self._step += 1
+        proposed = [(i, s.propose(context)) for i, s in enumerate(self.sources) if self._awake(i)]
+        tree = build_tree([d for _, drafts in proposed for d in drafts], self.merge)
         room = self.budget - window_rows if self.budget else len(tree)
         if self.step_costs:
             scores = self.scores(tree)
             keep = best_size(scores, self.step_costs, window_rows, room)
-            return prune_tree(tree, scores, keep)
+            tree = prune_tree(tree, scores, keep)
+            self._rest(proposed, {tag for tags in tree.tags for tag in tags})
+            return tree
         if len(tree) > room:
             tree = prune_tree(tree, self.scores(tree), room)
         return tree
+
+    def _rest(self, proposed: list[tuple[int, list[Draft]]], fed: set[str]) -> None:
+        """After a cost-aware cut: wake the sources whose nodes were fed, nap those idle long enough."""
+        for i, drafts in proposed:
+            if any(tag in fed for draft in drafts for tag in draft.tags):
+                self._quiet[i] = self._nap[i] = 0
+                continue
+            self._quiet[i] += 1
+            if not hasattr(self.sources[i], "launch") and (self._nap[i] or self._quiet[i] >= self.IDLE_STEPS):
+                self._nap[i] = min(2 * self._nap[i] or 1, self.MAX_NAP)
+                self._wake[i] = self._step + self._nap[i] + 1
 
     def scores(self, tree: DraftTree) -> list[float]:
         """Estimated probability that the walk accepts each node: its parent's times the best

@@ -348,3 +348,57 @@ def test_cost_aware_proposer_feeds_nothing_when_drafts_do_not_pay():
     assert len(flat.propose([1, 7], window_rows=1)) == 4          # 7, 8, 9, 5: all four nodes
     tight = Proposer([source], merge=True, budget=3, step_costs=(1.0,) * 3)
     assert tight.propose([1, 7], window_rows=1).tokens == (7, 8)  # the budget still caps it
+
+
+@pytest.mark.parametrize("costs,naps", [((1.0, 1.2, 1.4), True), ((1.0, 1.0, 1.0), False)])
+def test_when_no_draft_pays_a_step_feeds_one_token_and_the_source_naps(costs, naps):
+    """``auto``'s cost-aware cut on a synthetic source whose every draft is rejected (it proposes
+    the token after greedy's next, then another): once the acceptance is learnt (steps that feed
+    only the input token), the source is asked ever more rarely (naps of 1, 2, 4, ... steps), the
+    output stays greedy's. Where every step costs alike (a flat curve) any draft pays, so it is fed
+    and asked every step: the control."""
+    from experiments.models.loader import load_model
+    from lookahead_core import decode
+    from lookahead_core.config import DecodeLimits, LookaheadConfig
+    from lookahead_core.sources import register_source, unregister_source
+
+    model, _ = load_model("tiny-llama")
+    vocab = model.config.vocab_size
+    prompt = torch.randint(0, vocab, (12,), generator=torch.Generator().manual_seed(5)).tolist()
+    limits = DecodeLimits(120, ())
+    greedy = decode(model, prompt, None, limits).tokens
+    text = prompt + greedy
+    asked: list[int] = []
+
+    @register_source("wrong", label="wrong")
+    class Wrong:
+        topk = 0
+
+        @classmethod
+        def from_config(cls, config, size, context):
+            return cls()
+
+        def propose(self, context):
+            asked.append(len(context))
+            bad = (text[len(context)] + 1) % vocab if len(context) < len(text) else 0
+            return [Draft((bad, bad), ("wrong:x", "wrong:x"))]
+
+        def update(self, outcome):
+            pass
+
+    try:
+        config = LookaheadConfig(window=1, ngram=3, guess=0, pool_only=True, tree=True, sources={"wrong": 1},
+                                 depth=2, budget=3, step_costs=costs)
+        result = decode(model, prompt, config, limits)
+    finally:
+        unregister_source("wrong")
+    fed = result.stats.step_tokens
+    assert result.tokens == greedy and sum(result.stats.accepted) + 1 == len(greedy)
+    if not naps:
+        assert len(asked) == result.stats.steps and all(t == 3 for t in fed)
+        return
+    learnt = max(i for i, t in enumerate(fed) if t > 1) + 1            # steps until no draft is fed
+    assert learnt <= 20 and all(t == 1 for t in fed[learnt:]) and len(fed) - learnt >= 80
+    gaps = [b - a for a, b in zip(asked, asked[1:])]
+    assert len(asked) <= learnt + Proposer.IDLE_STEPS + 8                # 1 + 2 + 4 + ... + 64 > 100 steps
+    assert gaps[-3:] == sorted(gaps[-3:]) and gaps[-1] >= 16             # the naps double
