@@ -42,8 +42,8 @@ class Attention(str, Enum):
 class LinearKernel(str, Enum):
     """How the model's linear layers run (lookahead_core/kernels, docs/cpu_kernels.md)."""
 
-    auto = "auto"       # stream where it can run (CPU with AVX-512, float32), else stock
-    stream = "stream"   # the weight-streaming kernel for steps of at most 12 rows; refused where it cannot run
+    auto = "auto"       # stream where it can run (a CPU with AVX-512 or AVX2 + FMA, float32), else stock
+    stream = "stream"   # the weight-streaming kernel for steps of few rows (its ISA's MAX_ROWS); refused where it cannot run
     stock = "stock"     # PyTorch's own (MKL on CPUs)
     both = "both"       # every decoder twice, <name>@stock and <name>@stream, interleaved on the same items
 
