@@ -542,9 +542,9 @@ def _guess(tag: str, depth: int) -> float | None:
 class Proposer:
     """Any subset of sources, merged into one tree and cut to the step's token budget.
 
-    With ``step_costs`` (a cut that feeds only what pays on this device) a source none of whose
-    nodes the cut fed for ``IDLE_STEPS`` steps in a row naps: it is not asked to propose (nor are
-    logits' top-k computed for it) for 1 step, then, each time it is asked and again feeds nothing,
+    With ``step_costs`` (a cut that feeds only what pays on this device) a source that proposed drafts
+    and had none of them fed for ``IDLE_STEPS`` of its proposing steps in a row naps: it is not asked
+    to propose (nor are logits' top-k computed for it) for 1 step, then, each time it is asked and again feeds nothing,
     twice as many, up to ``MAX_NAP``; a step in which it feeds wakes it for good. So where no draft
     pays at the acceptance learnt, a step feeds the one token a greedy step feeds and the sources'
     host work fades with their drafts, while a source whose text starts to pay (a copy begins) is
@@ -613,8 +613,12 @@ class Proposer:
         return tree
 
     def _rest(self, proposed: list[tuple[int, list[Draft]]], fed: set[str]) -> None:
-        """After a cost-aware cut: wake the sources whose nodes were fed, nap those idle long enough."""
+        """After a cost-aware cut: wake the sources whose nodes were fed, nap those whose drafts the cut
+        left out long enough. A source that proposed nothing this step (no copy found) neither counts
+        as idle nor wakes: it spent no forward and may find one next step."""
         for i, drafts in proposed:
+            if not drafts:
+                continue
             if any(tag in fed for draft in drafts for tag in draft.tags):
                 self._quiet[i] = self._nap[i] = 0
                 continue
