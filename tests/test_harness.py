@@ -394,7 +394,7 @@ def test_a_batched_run_resumes_redoing_only_unfinished_batches_and_writing_only_
 
 def test_report_tables_and_plots(mtbench_csv: Path, tmp_path: Path) -> None:
     markdown = report.write_report([mtbench_csv.parent], tmp_path).read_text()
-    assert "speedup" in markdown and "la_N3W3G3" in markdown
+    assert "speedup" in markdown and "| lookahead |" in markdown        # a row is named by its yaml name
     table = pd.read_csv(tmp_path / "summary.csv")
     assert table.loc[0, "items"] == 2 and table.loc[0, "rows"] == 4 and table.loc[0, "matches_greedy"] == 1.0
     for name in ("speedup.png", "accepted_hist.png"):
@@ -421,8 +421,11 @@ def test_multirun_sweep_through_the_entry_point(tmp_path: Path) -> None:
     ]
     done = subprocess.run(command, cwd=repo_root(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    names = sorted(path.name.split("-")[0] for path in (tmp_path / "raw").rglob("*.csv"))
-    assert names == ["la_N3W2G2", "la_N3W3G2"]
+    files = sorted((tmp_path / "raw").rglob("*.csv"))
+    # one file per setting, each named by its decoder and told apart by the hash of what differs
+    assert [path.name.split("-")[0] for path in files] == ["lookahead", "lookahead"]
+    assert len({path.name.split("-")[1] for path in files}) == 2
+    assert sorted(pd.read_csv(path).query("decoder == 'lookahead'")["W"].iloc[0] for path in files) == [2, 3]
     assert len(list((tmp_path / "multirun").glob("*/.hydra/config.yaml"))) == 2
     report.write_report([tmp_path / "raw"], tmp_path / "report")
     assert (tmp_path / "report" / "scaling_mtbench_tiny_llama_lookahead.png").exists()
