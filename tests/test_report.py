@@ -153,3 +153,49 @@ def test_auto_records_are_found_beside_gzip_rows():
     table = report.auto_calibration(report.find_csvs([repo_root() / "results" / "kernels" / "humaneval"]))
     assert sorted(table.decoder) == ["auto@stock", "auto@stock", "auto@stream", "auto@stream"]
     assert (table["calibration_s"] > 0).all() and (table["items"] > 0).all() and (table["decode_s"] > 0).all()
+
+
+def both_kernels_rows(times: dict[str, tuple[float, float]], items: dict[str, str]) -> pd.DataFrame:
+    """A ``model.linear=both`` Spec-Bench job by hand: per item (its category) every decoder twin,
+    ``times[name] = (stock decode_s, stream decode_s)``, greedy's stock twin the baseline; auto
+    commits 3 tokens a step, the others one."""
+    records = []
+    for item, category in items.items():
+        for name, pair in times.items():
+            for kernel, seconds in zip(("stock", "stream"), pair):
+                record = dict.fromkeys(COLUMNS)
+                steps = 42 if name == "auto" else 127
+                record.update(experiment="specbench", dataset="specbench", item_id=item, category=category, turn=1,
+                              model="m", dtype="float32", device="cpu", decoder=f"{name}@{kernel}",
+                              baseline=(name, kernel) == ("hf_greedy", "stock"), config="c", settings="h1", seed=0,
+                              max_new_tokens=128, new_tokens=128, steps=steps, batch_size=1,
+                              decode_s=seconds * (2 if category == "rag" else 1))
+                records.append(record)
+    df = pd.DataFrame(records, columns=COLUMNS)
+    df["baseline"] = df["baseline"].astype("boolean")
+    return df
+
+
+def test_each_kernel_compares_its_decoders_with_its_own_greedy_per_spec_bench_task() -> None:
+    df = both_kernels_rows({"hf_greedy": (4.0, 3.0), "auto": (5.0, 2.0), "hf_pld": (3.0, 2.5)},
+                           {"1": "writing", "2": "roleplay", "3": "qa", "4": "rag"})
+    # an item that only some decoders of the stream kernel ran does not count
+    df = pd.concat([df, df[(df.item_id == "4") & (df.decoder == "auto@stream")].assign(item_id="5")])
+    table = report.same_layers_table(df).set_index(["kernel", "category", "decoder"])
+    assert sorted(set(table.index.get_level_values("category"))) == [
+        "Multi-turn Conversation", "Question Answering", "Retrieval-aug. Generation", "all"]
+    stock, stream = table.loc[("stock", "all", "auto")], table.loc[("stream", "all", "auto")]
+    assert stock.vs_greedy == pytest.approx(0.8) and stock.best == "hf_pld" and stock.vs_best == pytest.approx(0.6)
+    assert stream.vs_greedy == pytest.approx(1.5) and stream.best == "hf_pld" and stream.vs_best == pytest.approx(1.25)
+    assert stream["items"] == 4 and stream.S == pytest.approx(127 / 42)
+    assert table.loc[("stream", "Multi-turn Conversation", "hf_pld")]["items"] == 2
+    assert table.loc[("stream", "Retrieval-aug. Generation", "hf_pld")].vs_greedy == pytest.approx(1.2)
+    assert "hf_greedy" not in set(table.index.get_level_values("decoder"))
+    # the kernel table's gap: S against the speedup over the stock greedy
+    kernels = report.kernel_table(report.summarize(df)).set_index("decoder")
+    assert kernels.at["auto", "gap_stream"] == pytest.approx(127 / 42 - 20 / 10)
+    assert kernels.at["auto", "gap_stock"] == pytest.approx(127 / 42 - 20 / 25)
+
+
+def test_a_job_on_one_kernel_has_no_same_layers_table() -> None:
+    assert report.same_layers_table(rows(0.0, n=3)).empty

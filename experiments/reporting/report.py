@@ -22,11 +22,11 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.figure import Figure
 
+from experiments.grading.metrics import ROUGE_TYPES, bootstrap_ci, pass_at_k_report
 from experiments.reporting.drafts import draft_reliability, plot_reliability
 from experiments.reporting.tables import markdown
 from experiments.rows.schema import COLUMNS
 from experiments.rows.store import sidecar
-from experiments.grading.metrics import ROUGE_TYPES, bootstrap_ci, pass_at_k_report
 
 GROUP = ["experiment", "model", "device", "dtype", "config", "settings"]
 PAIR_WITH_BASELINE = ["item_id", "turn", "seed"]   # a decoder's row meets its baseline's on these
@@ -360,6 +360,10 @@ def write_report(paths: Iterable[str | Path], out_dir: str | Path) -> Path:
             "the streaming CPU kernel (`stream`) in the same job, interleaved on the same items; every speedup "
             "is over the stock greedy baseline (`docs/cpu_kernels.md`).\n\n" + to_markdown(kernels)]
           if len(kernels := kernel_table(table)) else []),
+        *(["## Each kernel on its own: decoders against greedy per category\n\nOn the items every decoder of a "
+            "kernel ran, the ratio of greedy's summed decoding time to the decoder's on the same layers "
+            "(`vs_greedy`) and of the fastest other decoder's (`vs_best`, named in `best`); below 1 is slower.\n\n"
+            + to_markdown(layers)] if len(layers := same_layers_table(df)) else []),
         *(["## `auto`: what calibrating cost beside the decoding it tuned\n\n" + AUTO_NOTE + "\n\n"
             + to_markdown(calibration)] if len(calibration) else []),
         *(["## Draft estimates: predicted against observed acceptance\n\nPer decoder (all its setups) and "
@@ -377,7 +381,8 @@ def kernel_table(table: pd.DataFrame) -> pd.DataFrame:
     """Setups run with ``model.linear=both`` (decoders ``<name>@stock`` and ``<name>@stream``):
     per setup and decoder, speedup and S on each kernel side by side, every speedup over the
     setup's baseline (the stock twin of its greedy baseline, so the greedy stock row is 1 by
-    definition), and ``stream/stock``, what the kernel alone changes for that decoder."""
+    definition), ``stream/stock``, what the kernel alone changes for that decoder, and ``gap_<kernel>``
+    = S - speedup, what the steps' width costs: a step feeding k tokens at the cost of one closes it."""
     if "speedup" not in table or not table["decoder"].str.contains("@", regex=False).any():
         return pd.DataFrame()
     rows = table[table["decoder"].str.contains("@", regex=False)].copy()
@@ -395,9 +400,50 @@ def kernel_table(table: pd.DataFrame) -> pd.DataFrame:
                     "speedup_stock": by.at["stock", "speedup"], "speedup_stream": by.at["stream", "speedup"],
                     "stream/stock": by.at["stream", "speedup"] / by.at["stock", "speedup"],
                     "S_stock": by.at["stock", "S"], "S_stream": by.at["stream", "S"],
+                    "gap_stock": by.at["stock", "S"] - by.at["stock", "speedup"],
+                    "gap_stream": by.at["stream", "S"] - by.at["stream", "speedup"],
                     "matches_greedy": group["matches_greedy"].astype("Float64").mean()})
     return pd.DataFrame(out).sort_values(["experiment", "model"], kind="stable", ignore_index=True) if out \
         else pd.DataFrame()
+
+
+def same_layers_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Rows of ``model.linear=both`` jobs, each kernel on its own: per (experiment, model, kernel,
+    category) every decoder's summed ``decode_s`` against greedy's on the same layers (``vs_greedy``)
+    and against the fastest other decoder's (``vs_best``, which one in ``best``), on the items every
+    decoder of the kernel ran; ``S`` = tokens after the first per verification forward. Categories
+    are Spec-Bench's tasks on its rows, the items' own elsewhere, then ``all``. ``vs_greedy`` below 1
+    is a decoder slower than greedy on that kernel (issue 61's check: ``auto`` never is)."""
+    rows = df[df["decoder"].str.contains("@", regex=False)]
+    if rows.empty or not rows["baseline"].fillna(False).any():
+        return pd.DataFrame()
+    from experiments.data.datasets import SPEC_BENCH_TASKS
+
+    task_of = {category: task for task, categories in SPEC_BENCH_TASKS.items() for category in categories}
+    rows = rows.assign(name=rows["decoder"].str.rsplit("@", n=1).str[0],
+                       kernel=rows["decoder"].str.rsplit("@", n=1).str[1],
+                       group=rows["category"].where(rows["dataset"] != "specbench", rows["category"].map(task_of)),
+                       after_first=(rows["new_tokens"] - 1).clip(lower=0))
+    greedy = rows.loc[rows["baseline"].fillna(False), "name"].iloc[0]
+    out = []
+    for (experiment, model, kernel), job in rows.groupby(["experiment", "model", "kernel"], sort=False):
+        names = list(dict.fromkeys(job["name"]))
+        complete = job.groupby(PAIR_WITH_BASELINE)["name"].transform("nunique") == len(names)
+        job = job[complete]
+        if greedy not in names or job.empty:
+            continue
+        for category, part in [*job.groupby("group", sort=True), ("all", job)]:
+            by = part.groupby("name", sort=False)
+            decode, steps, tokens = by["decode_s"].sum(), by["steps"].sum(), by["after_first"].sum()
+            for name in names:
+                if name == greedy:
+                    continue
+                others = decode.drop(name)
+                out.append({"experiment": experiment, "model": model, "kernel": kernel, "category": category,
+                            "decoder": name, "items": part[PAIR_WITH_BASELINE].drop_duplicates().shape[0],
+                            "S": _ratio(tokens[name], steps[name]), "vs_greedy": decode[greedy] / decode[name],
+                            "best": others.idxmin(), "vs_best": others.min() / decode[name]})
+    return pd.DataFrame(out)
 
 
 AUTO_NOTE = ("`calibration_s`: what the job spent preparing the decoder (latency curve, calibration decodes; a pick "
