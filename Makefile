@@ -34,8 +34,9 @@ bubblewrap:
 demo: install
 	HF_HUB_OFFLINE=1 $(PY) run.py
 
+# The 25 slowest tests close the output: where the suite's time goes (CI should stay under 45 minutes).
 test: install
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 
 # The Hub repository (hub/build.py): custom_generate/ with lookahead_core vendored flat, as transformers
 # fetches a repository's modules, requirements.txt (torch, transformers) and the card. Push HUB_OUT as is.
