@@ -629,11 +629,17 @@ class Proposer:
 
     def scores(self, tree: DraftTree) -> list[float]:
         """Estimated probability that the walk accepts each node: its parent's times the best
-        acceptance rate among the node's tags at its depth."""
+        acceptance rate among the node's tags at its depth, the rates of siblings scaled down
+        together where they sum past 1. The model's next token is one token, so at most one child
+        of a node is accepted: children estimated apart (three unmeasured ones at a coin flip's 0.5
+        each) would promise more tokens than a step can commit, and feed steps that do not pay."""
+        rates = [self.stats.estimate(tags, depth)[0] for tags, depth in zip(tree.tags, tree.depths)]
+        children: Counter[int] = Counter()
+        for parent, rate in zip(tree.parents, rates):
+            children[parent] += rate
         scores: list[float] = []
-        for tags, parent, depth in zip(tree.tags, tree.parents, tree.depths):
-            rate, _ = self.stats.estimate(tags, depth)
-            scores.append((scores[parent] if parent >= 0 else 1.0) * rate)
+        for parent, rate in zip(tree.parents, rates):
+            scores.append((scores[parent] if parent >= 0 else 1.0) * rate / max(1.0, children[parent]))
         return scores
 
     def update(self, outcome: StepOutcome, tree: DraftTree, path: Sequence[int]) -> None:

@@ -350,6 +350,30 @@ def test_cost_aware_proposer_feeds_nothing_when_drafts_do_not_pay():
     assert tight.propose([1, 7], window_rows=1).tokens == (7, 8)  # the budget still caps it
 
 
+def test_siblings_never_promise_more_than_one_accepted_token():
+    """At most one child of a node is accepted (the model's next token is one token), so the scores
+    of siblings sum to at most their parent's, however their rates were estimated. The attack: four
+    unmeasured one-token drafts at a coin flip's 0.5 each, on a CPU curve where a 5-token step costs
+    2.5 one-token steps. Scored apart they promise 1 + 4 x 0.5 = 3 tokens for 2.5 steps and are fed;
+    as one token's alternatives they promise at most 2 and a step feeds the input token alone."""
+    drafts = [Draft((t,), ("pool",)) for t in (4, 5, 6, 7)]
+    source = type("Fixed", (), {"topk": 0, "propose": staticmethod(lambda context: drafts),
+                                "update": lambda self, o: None})()
+    proposer = Proposer([source], merge=True, budget=5, step_costs=(1.0, 1.98, 2.2, 2.4, 2.5))
+    tree = build_tree(drafts)
+    scores = proposer.scores(tree)
+    assert [round(score, 6) for score in scores] == [0.25] * 4      # 0.5 each, scaled by 1 / 2
+    assert len(proposer.propose([1], window_rows=1)) == 0
+    # a chain is one path: its nodes keep their rates (0.5, then 0.25 given the first)
+    chain = build_tree([Draft((4, 5), ("pool", "pool"))])
+    assert proposer.scores(chain)[0] == pytest.approx(0.5)
+    assert proposer.scores(chain)[1] <= proposer.scores(chain)[0]
+    # a coherent estimate is left as it is: two children at 0.3 and 0.6 sum to 0.9
+    pair = build_tree([Draft((4,), ("a",)), Draft((5,), ("b",))])
+    proposer.stats.estimate = lambda tags, depth: ({"a": 0.3, "b": 0.6}[tags[0]], tags[0])
+    assert proposer.scores(pair) == [0.3, 0.6]
+
+
 @pytest.mark.parametrize("costs,naps", [((1.0, 1.2, 1.4), True), ((1.0, 1.0, 1.0), False)])
 def test_when_no_draft_pays_a_step_feeds_one_token_and_the_source_naps(costs, naps):
     """``auto``'s cost-aware cut on a synthetic source whose every draft is rejected (it proposes
