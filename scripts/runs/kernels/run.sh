@@ -5,5 +5,6 @@
 # 128 new tokens, one thread, auto's caches empty) on HumanEval with model.linear=both: every decoder twice,
 # <name>@stock and <name>@stream, interleaved per item in one job; the baseline is hf_greedy@stock.
 # Resumes (pass CACHE= to keep the same calibration cache); ends with the report in results/kernels/report.
+# MODELS=, SETS=, DECODERS= and RESULTS= as for the headline (results/kernels_avx2: DECODERS=auto,hf_pld).
 cd "$(dirname "$0")/../../.."
 SETS=${SETS:-humaneval} RESULTS=${RESULTS:-results/kernels} EXTRA=model.linear=both exec bash scripts/runs/headline/run.sh
