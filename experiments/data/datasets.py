@@ -635,6 +635,7 @@ SPEC_BENCH_TASKS: dict[str, tuple[str, ...]] = {
     "Mathematical Reasoning": ("math_reasoning",),
     "Retrieval-aug. Generation": ("rag",),
 }
+SPEC_BENCH_TASK_OF = {category: task for task, categories in SPEC_BENCH_TASKS.items() for category in categories}
 
 
 # ---------------------------------------------------------------------------------------------

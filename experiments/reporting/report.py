@@ -137,7 +137,6 @@ def summarize_decoder(keys: tuple, base: pd.DataFrame, tested: pd.DataFrame, by:
     differences. Where ``tested`` is the baseline itself, the row has no ``against``, speedup or
     ``_base`` keys. Keys come in a fixed order; the quality ones only where the rows have those metrics."""
     row = dict(zip(by, keys, strict=True))
-    steps = tested["steps"].sum()
     calls = _calls(tested)
     row.update(
         decoder=tested["decoder"].iloc[0],
@@ -146,7 +145,7 @@ def summarize_decoder(keys: tuple, base: pd.DataFrame, tested: pd.DataFrame, by:
         rows=len(tested),
         seeds=tested["seed"].nunique(),
         new_tokens=tested["new_tokens"].mean(),
-        S=(tested["new_tokens"] - 1).clip(lower=0).sum() / steps if steps else 1.0,
+        S=compression(tested),
         S_mean=tested["S"].mean(),
         tokens_per_step=tested["step_tokens_mean"].mean(),
         tok_s=_ratio(tested["new_tokens"].sum(), tested["decode_s"].sum()),   # per sequence
@@ -179,6 +178,19 @@ def summarize_decoder(keys: tuple, base: pd.DataFrame, tested: pd.DataFrame, by:
                 row[f"{kind}_diff"] = diff.mean()
                 row[f"{kind}_diff_lo"], row[f"{kind}_diff_hi"] = bootstrap_ci(diff.to_numpy())
     return row
+
+
+def compression(rows: pd.DataFrame) -> float:
+    """S: tokens after each row's first (which the prefill makes) per verification forward."""
+    steps = rows["steps"].sum()
+    return (rows["new_tokens"] - 1).clip(lower=0).sum() / steps if steps else 1.0
+
+
+def twins(rows: pd.DataFrame) -> pd.DataFrame:
+    """``model.linear=both`` rows (decoders ``<name>@<kernel>``) with ``name`` and ``kernel`` columns."""
+    rows = rows[rows["decoder"].str.contains("@", regex=False)]
+    name_kernel = rows["decoder"].str.rsplit("@", n=1)
+    return rows.assign(name=name_kernel.str[0], kernel=name_kernel.str[1])
 
 
 def _calls(rows: pd.DataFrame) -> pd.DataFrame:
@@ -385,8 +397,7 @@ def kernel_table(table: pd.DataFrame) -> pd.DataFrame:
     = S - speedup, what the steps' width costs: a step feeding k tokens at the cost of one closes it."""
     if "speedup" not in table or not table["decoder"].str.contains("@", regex=False).any():
         return pd.DataFrame()
-    rows = table[table["decoder"].str.contains("@", regex=False)].copy()
-    rows[["name", "kernel"]] = rows["decoder"].str.rsplit("@", n=1, expand=True)
+    rows = twins(table)
     base = rows.dropna(subset=["against"]).drop_duplicates(["experiment", "model", "settings"])
     greedy = base.assign(decoder=base["against"], kernel="stock", speedup=1.0, S=1.0, matches_greedy=None,
                          name=base["against"].str.rsplit("@", n=1).str[0])
@@ -414,34 +425,27 @@ def same_layers_table(df: pd.DataFrame) -> pd.DataFrame:
     decoder of the kernel ran; ``S`` = tokens after the first per verification forward. Categories
     are Spec-Bench's tasks on its rows, the items' own elsewhere, then ``all``. ``vs_greedy`` below 1
     is a decoder slower than greedy on that kernel (issue 61's check: ``auto`` never is)."""
-    rows = df[df["decoder"].str.contains("@", regex=False)]
-    if rows.empty or not rows["baseline"].fillna(False).any():
-        return pd.DataFrame()
-    from experiments.data.datasets import SPEC_BENCH_TASKS
+    from experiments.data.datasets import SPEC_BENCH_TASK_OF
 
-    task_of = {category: task for task, categories in SPEC_BENCH_TASKS.items() for category in categories}
-    rows = rows.assign(name=rows["decoder"].str.rsplit("@", n=1).str[0],
-                       kernel=rows["decoder"].str.rsplit("@", n=1).str[1],
-                       group=rows["category"].where(rows["dataset"] != "specbench", rows["category"].map(task_of)),
-                       after_first=(rows["new_tokens"] - 1).clip(lower=0))
-    greedy = rows.loc[rows["baseline"].fillna(False), "name"].iloc[0]
+    rows = twins(df)
+    rows["group"] = rows["category"].where(rows["dataset"] != "specbench", rows["category"].map(SPEC_BENCH_TASK_OF))
+    greedy_of = rows[rows["baseline"].fillna(False)].groupby(["experiment", "model"])["name"].first()
     out = []
     for (experiment, model, kernel), job in rows.groupby(["experiment", "model", "kernel"], sort=False):
         names = list(dict.fromkeys(job["name"]))
-        complete = job.groupby(PAIR_WITH_BASELINE)["name"].transform("nunique") == len(names)
-        job = job[complete]
+        greedy = greedy_of.get((experiment, model))
+        job = job[job.groupby(PAIR_WITH_BASELINE)["name"].transform("nunique") == len(names)]
         if greedy not in names or job.empty:
             continue
         for category, part in [*job.groupby("group", sort=True), ("all", job)]:
-            by = part.groupby("name", sort=False)
-            decode, steps, tokens = by["decode_s"].sum(), by["steps"].sum(), by["after_first"].sum()
+            decode = part.groupby("name", sort=False)["decode_s"].sum()
             for name in names:
                 if name == greedy:
                     continue
                 others = decode.drop(name)
                 out.append({"experiment": experiment, "model": model, "kernel": kernel, "category": category,
                             "decoder": name, "items": part[PAIR_WITH_BASELINE].drop_duplicates().shape[0],
-                            "S": _ratio(tokens[name], steps[name]), "vs_greedy": decode[greedy] / decode[name],
+                            "S": compression(part[part["name"] == name]), "vs_greedy": decode[greedy] / decode[name],
                             "best": others.idxmin(), "vs_best": others.min() / decode[name]})
     return pd.DataFrame(out)
 
@@ -609,16 +613,14 @@ def leaderboard(df: pd.DataFrame) -> pd.DataFrame:
     Spec-Bench times a generation. ``#Mean Accepted Tokens`` is tokens after the first /
     verification forwards. The ``items per column`` and ``turns per column`` rows count the samples
     of each column (Spec-Bench averages over items)."""
-    from experiments.data.datasets import SPEC_BENCH_TASKS
+    from experiments.data.datasets import SPEC_BENCH_TASK_OF, SPEC_BENCH_TASKS
 
-    task_of = {category: task for task, categories in SPEC_BENCH_TASKS.items() for category in categories}
-    df = df.assign(task=df["category"].map(task_of))
+    df = df.assign(task=df["category"].map(SPEC_BENCH_TASK_OF))
     base = df[df["baseline"].fillna(False)]
     lines = []
     for decoder, rows in df[~df["baseline"].fillna(False)].groupby("decoder", sort=False):
         paired = rows.merge(base, on=PAIR_WITH_BASELINE, suffixes=("", "_base"))
-        steps = rows["steps"].sum()
-        accepted = (rows["new_tokens"] - 1).clip(lower=0).sum() / steps if steps else 1.0
+        accepted = compression(rows)
         for label, speedup in ((SPEC_BENCH_SPEEDUP, spec_bench_speedup), (SUMMED_TIME_SPEEDUP, summed_time_speedup)):
             line: dict[str, object] = {"decoder": decoder, "speedup": label}
             for task in SPEC_BENCH_TASKS:
